@@ -1,0 +1,229 @@
+"""Run configuration: YAML validated by pydantic, with `key.sub=value` overrides.
+
+Every error is one line naming the key path and what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from assay.core.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    path: str | None = None  # a local Hugging Face model directory; None: build from the fields below
+    arch: Literal["qwen2", "llama"] = "qwen2"
+    hidden_size: int = Field(128, gt=0)
+    num_layers: int = Field(2, gt=0)
+    num_heads: int = Field(4, gt=0)
+    num_kv_heads: int = Field(2, gt=0)
+    intermediate_size: int = Field(384, gt=0)
+    max_position: int = Field(1024, gt=0)
+    vocab_size: int = Field(1024, ge=300)  # the locally trained byte-level BPE tokenizer's size
+    tokenizer_corpus: int = Field(2000, gt=0)  # generated tasks per domain to train the tokenizer on
+
+    @model_validator(mode="after")
+    def _heads(self) -> ModelConfig:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError("hidden_size must divide by num_heads, and num_heads by num_kv_heads")
+        return self
+
+
+class DifficultyRange(_Strict):
+    min: int = 1
+    max: int = 4
+    start: int = 1
+
+    @model_validator(mode="after")
+    def _order(self) -> DifficultyRange:
+        if not self.min <= self.start <= self.max:
+            raise ValueError(f"need min <= start <= max, got {self.min}, {self.start}, {self.max}")
+        return self
+
+
+class DomainConfig(_Strict):
+    name: str
+    env: str  # name or name@version in the environment registry
+    weight: float = Field(1.0, ge=0)
+    group_size: int = Field(8, ge=2)
+    max_new_tokens: int = Field(64, gt=0)  # per assistant turn
+    max_turns: int = Field(1, gt=0)
+    max_context: int = Field(512, gt=0)
+    difficulty: DifficultyRange = DifficultyRange()
+    acceptance: float = Field(0.8, gt=0, le=1)  # rolling pass rate that promotes difficulty
+    regression: float = Field(0.3, ge=0, lt=1)  # rolling pass rate below which difficulty drops
+    env_args: dict[str, Any] = {}  # passed to the environment's constructor (e.g. jsonl's path)
+
+
+class MixerConfig(_Strict):
+    strategy: Literal["static", "adaptive"] = "adaptive"
+    floor: float = Field(0.1, ge=0, lt=1)  # adaptive: minimum share of any domain
+    progress_window: int = Field(4, gt=0)  # steps over which learning progress is measured
+    smoothing: float = Field(0.5, ge=0, le=1)  # adaptive: how fast ratios move towards the target
+    curriculum_window: int = Field(32, gt=0)  # trajectories in a domain's rolling pass rate
+    seesaw_margin: float = Field(0.15, ge=0, le=1)
+
+
+class LossConfig(_Strict):
+    kind: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.28, ge=0)
+    kl_coef: float = Field(0.0, ge=0)
+    std_normalize: bool = False
+    per_domain_normalize: bool = True
+    aggregation: Literal["token", "sequence"] = "token"
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(40, gt=0)
+    groups_per_step: int = Field(8, gt=0)
+    lr: float = Field(3e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch: int = Field(16, gt=0)  # trajectories per forward; gradients accumulate across
+    updates_per_batch: int = Field(1, gt=0)  # optimizer steps per rollout batch (>1: PPO-style reuse)
+    dynamic_sampling: bool = True  # drop zero-variance groups and refill
+    max_refill_rounds: int = Field(2, ge=0)
+    loss: LossConfig = LossConfig()
+    bf16: bool = False
+    checkpoint_every: int = Field(10, gt=0)
+    keep_checkpoints: int = Field(2, gt=0)
+
+
+class SFTConfig(_Strict):
+    steps: int = Field(300, ge=0)
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(2e-3, gt=0)
+    warmup: int = Field(20, ge=0)
+    examples_per_domain: int = Field(2000, gt=0)
+
+
+class RolloutConfig(_Strict):
+    backend: Literal["hf"] = "hf"
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+
+
+class EvalConfig(_Strict):
+    tasks_per_domain: int = Field(64, gt=0)
+    n: int = Field(8, gt=0)  # samples per task
+    seed: int = 1_000_003  # held-out: disjoint from training seeds
+    temperature: float = Field(1.0, gt=0)
+
+
+class Config(_Strict):
+    name: str = "run"
+    seed: int = 0
+    run_dir: str = "runs"
+    threads: int = Field(0, ge=0)  # torch threads; 0 = choose by measuring
+    model: ModelConfig = ModelConfig()
+    domains: list[DomainConfig] = Field(min_length=1)
+    mixer: MixerConfig = MixerConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    train: TrainConfig = TrainConfig()
+    sft: SFTConfig = SFTConfig()
+    eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _unique_domains(self) -> Config:
+        names = [d.name for d in self.domains]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"domain names must be unique, repeated: {sorted(dup)}")
+        return self
+
+    def domain(self, name: str) -> DomainConfig:
+        return next(d for d in self.domains if d.name == name)
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply `a.b.c=value`; a list element is addressed by index or, for domains, by name."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r}: expected key.sub=value")
+    path, raw = override.split("=", 1)
+    keys = path.strip().split(".")
+    node: Any = data
+    for i, key in enumerate(keys[:-1]):
+        where = ".".join(keys[: i + 1])
+        if isinstance(node, list):
+            node = _list_item(node, key, where)
+        else:
+            node = node.setdefault(key, {})
+        if not isinstance(node, (dict, list)):
+            raise ConfigError(f"override {path}: {where} is a value, not a section")
+    last = keys[-1]
+    if isinstance(node, list):
+        idx = _list_index(node, last, path)
+        node[idx] = _parse_value(raw)
+    else:
+        node[last] = _parse_value(raw)
+
+
+def _list_index(items: list[Any], key: str, where: str) -> int:
+    if key.isdigit() and int(key) < len(items):
+        return int(key)
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and item.get("name") == key:
+            return i
+    raise ConfigError(f"override {where}: no list item {key!r} (use an index or a domain name)")
+
+
+def _list_item(items: list[Any], key: str, where: str) -> Any:
+    return items[_list_index(items, key, where)]
+
+
+def _format_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"]) or "config"
+    if e["type"] == "extra_forbidden":
+        return f"config: unknown key {loc!r}; check its spelling (see README, Configuration)"
+    if e["type"] == "missing":
+        return f"config: {loc} is required"
+    got = e.get("input")
+    got_text = f" (got {got!r})" if not isinstance(got, (dict, list)) else ""
+    return f"config: {loc}: {e['msg']}{got_text}"
+
+
+def build_config(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    data = yaml.safe_load(yaml.safe_dump(data))  # deep copy
+    for o in overrides:
+        apply_override(data, o)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file (e.g. configs/quickstart.yaml)")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config {p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {p}: the top level must be a mapping of keys, not {type(data).__name__}")
+    return build_config(data, overrides)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,96 @@
+"""The nouns every layer speaks: tasks, messages, tool calls, rewards, trajectories."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Trajectory / Reward status values. Anything but OK is an infrastructure failure:
+# it is reported apart and never trained on as a (wrong) answer.
+OK = "ok"
+SANDBOX_ERROR = "sandbox_error"
+VERIFIER_ERROR = "verifier_error"
+ROLLOUT_ERROR = "rollout_error"
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+
+@dataclass
+class ToolSpec:
+    """A tool the model may call: its JSON schema validates every call's arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+
+@dataclass
+class Message:
+    role: str  # system | user | assistant | tool
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    name: str | None = None  # the tool's name on a tool message
+
+
+@dataclass
+class Observation:
+    """What an episode returns for one tool call."""
+
+    content: str
+    is_error: bool = False  # the call broke the schema or the tool failed
+    done: bool = False  # the episode ends after this observation
+    status: str = OK  # infrastructure failure (e.g. sandbox_error), never a reward
+
+
+@dataclass
+class Reward:
+    score: float
+    passed: bool
+    status: str = OK
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Task:
+    env: str  # name@version
+    task_id: str
+    domain: str
+    difficulty: int
+    prompt: list[Message]
+    tools: list[ToolSpec] = field(default_factory=list)
+    payload: dict[str, Any] = field(default_factory=dict)  # hidden: answer, tests; never shown
+    seed: int = 0
+    env_hash: str = ""
+
+
+@dataclass
+class Trajectory:
+    task: Task
+    messages: list[Message]
+    token_ids: list[int]
+    loss_mask: list[int]  # 1 only on tokens the policy sampled
+    logprobs: list[float]  # behaviour logprobs, aligned with token_ids (0.0 where mask is 0)
+    prompt_len: int  # tokens of the initial prompt (all masked)
+    policy_version: int = 0
+    turns: int = 0
+    tool_errors: int = 0
+    finish_reason: str = ""  # stop | length | max_turns | context | error
+    reward: float = 0.0
+    passed: bool = False
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    status: str = OK
+    env_hash: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+    group_id: str = ""  # samples of one GRPO group share it
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.loss_mask)

@@ -1,0 +1,47 @@
+"""The sandbox seam: every model-written program or command runs behind this interface."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+# ExecResult.status values: why a run ended, apart from the program's own exit code.
+EXITED = "exited"
+TIMEOUT = "timeout"
+OOM = "oom"
+PIDS = "pids"
+DISK = "disk"
+OUTPUT_TRUNCATED = "output_truncated"
+SANDBOX_ERROR = "sandbox_error"
+
+
+@dataclass
+class Limits:
+    timeout_s: float = 5.0  # wall clock; kills the whole process tree
+    cpu_s: int = 5
+    memory_mb: int = 512
+    max_procs: int = 64
+    file_size_mb: int = 16
+    open_files: int = 256
+    output_bytes: int = 64 * 1024
+
+
+@dataclass
+class ExecResult:
+    stdout: str
+    stderr: str
+    exit_code: int
+    duration: float
+    status: str = EXITED
+
+    @property
+    def ok(self) -> bool:
+        return self.status == EXITED and self.exit_code == 0
+
+
+class Sandbox(Protocol):
+    def exec(self, cmd: list[str] | str, stdin: str | None = None, timeout: float | None = None) -> ExecResult: ...
+    def write_file(self, path: str, data: bytes | str) -> None: ...
+    def read_file(self, path: str) -> bytes: ...
+    def run_python(self, code: str, stdin: str | None = None, timeout: float | None = None) -> ExecResult: ...
+    def close(self) -> None: ...
