@@ -1,0 +1,80 @@
+"""Checkpoints: `checkpoints/step_N/` holds the policy in Hugging Face layout (safetensors +
+tokenizer), `trainer.pt` (optimizer, step, torch RNG) and `state.json` (mixer, curriculum, Python
+RNG). A checkpoint is written into a temp directory and renamed into place, so it is whole or absent."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from assay.core.errors import CheckpointError
+
+REQUIRED = ("config.json", "model.safetensors", "trainer.pt", "state.json")
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(ckpt_root: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
+                    state: dict[str, Any], keep: int = 2) -> Path:
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step_{step}"
+    tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=f".step_{step}."))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save({"trainer": trainer_state, "rng": rng_state()}, tmp / "trainer.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in sorted(list_checkpoints(ckpt_root))[:-keep]:
+        shutil.rmtree(ckpt_root / f"step_{old}", ignore_errors=True)
+    return final
+
+
+def list_checkpoints(ckpt_root: Path) -> list[int]:
+    if not ckpt_root.is_dir():
+        return []
+    return sorted(int(p.name.split("_")[1]) for p in ckpt_root.glob("step_*") if p.name.split("_")[1].isdigit())
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    steps = list_checkpoints(run_dir / "checkpoints")
+    if not steps:
+        raise CheckpointError(f"no checkpoint in {run_dir / 'checkpoints'}; "
+                              f"a run can resume only after its first checkpoint (train.checkpoint_every)")
+    return run_dir / "checkpoints" / f"step_{steps[-1]}"
+
+
+def check_checkpoint(path: Path) -> None:
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} not found; pass a directory like runs/NAME/checkpoints/step_N")
+    missing = [f for f in REQUIRED if not (path / f).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete (missing {', '.join(missing)}); "
+                              f"resume from an earlier step or retrain")
+
+
+def load_training_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(trainer.pt contents, state.json contents); the caller loads weights with from_pretrained."""
+    check_checkpoint(path)
+    try:
+        blob = torch.load(path / "trainer.pt", weights_only=False)
+        state = json.loads((path / "state.json").read_text())
+    except Exception as e:  # any decoding failure means the files are damaged
+        raise CheckpointError(f"checkpoint {path} is corrupt ({type(e).__name__}: {e}); "
+                              f"resume from an earlier step") from None
+    return blob, state

@@ -1,0 +1,52 @@
+"""pass@k with the unbiased estimator and bootstrap confidence intervals over tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import comb
+
+import numpy as np
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of P(at least one of k samples passes) from c passes among n samples:
+    1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+@dataclass
+class Estimate:
+    value: float
+    low: float  # 95% bootstrap interval
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def _bootstrap(per_task: np.ndarray, rounds: int, seed: int) -> Estimate:
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(per_task), size=(rounds, len(per_task)))
+    means = per_task[idx].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return Estimate(float(per_task.mean()), float(low), float(high))
+
+
+def pass_at_k_ci(passes: Sequence[Sequence[bool]], k: int, rounds: int = 2000, seed: int = 0) -> Estimate:
+    """passes[i] holds the n sample results of task i; the interval resamples tasks."""
+    per_task = np.array([pass_at_k(len(p), sum(p), k) for p in passes], dtype=float)
+    return _bootstrap(per_task, rounds, seed)
+
+
+def paired_difference_ci(before: Sequence[Sequence[bool]], after: Sequence[Sequence[bool]], k: int = 1,
+                         rounds: int = 2000, seed: int = 0) -> Estimate:
+    """after − before on the same tasks, resampling tasks jointly so task difficulty cancels."""
+    if len(before) != len(after):
+        raise ValueError("paired comparison needs the same tasks before and after")
+    diff = np.array([pass_at_k(len(a), sum(a), k) - pass_at_k(len(b), sum(b), k) for b, a in zip(before, after)])
+    return _bootstrap(diff, rounds, seed)
