@@ -107,9 +107,10 @@ class TrajectoryWriter:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        # A resumed run writes beside the earlier attempt's shards, never over them.
-        self.attempt = sum(1 for _ in directory.glob("*.attempt")) 
-        (directory / f"{self.attempt}.attempt").touch()
+        # A resumed run writes beside the earlier attempt's shards, never over them. The marker is
+        # a dot-file so that readers of the directory as one dataset (pandas, DuckDB) skip it.
+        self.attempt = sum(1 for _ in directory.glob(".attempt_*"))
+        (directory / f".attempt_{self.attempt}").touch()
 
     def write(self, trajectories: Sequence[Trajectory], step: int) -> Path | None:
         if not trajectories:

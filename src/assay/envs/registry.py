@@ -1,0 +1,128 @@
+"""The environment registry: `name` or `name@version` -> an Environment instance.
+
+Built-in environments register themselves on import (`@register`); third-party ones are found
+through the `assay.environments` entry-point group, each entry point naming an Environment class.
+`env_hash` fingerprints an environment's code (and data, via an optional `fingerprint()`), so a
+changed environment whose version was not bumped can be caught."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import sys
+from importlib.metadata import entry_points
+from typing import Any, TypeVar
+
+from assay.core.errors import AssayError, UnknownEnvironmentError
+from assay.envs.base import Environment
+
+ENTRY_POINT_GROUP = "assay.environments"
+_REQUIRED = ("name", "version", "domain", "difficulties", "tools", "generate", "reference_solution", "start")
+
+_registry: dict[tuple[str, str], type] = {}
+_loaded = False
+_class_hashes: dict[type, str] = {}
+
+T = TypeVar("T", bound=type)
+
+
+def register(cls: T) -> T:
+    """Class decorator: make `cls` resolvable as `cls.name@cls.version`."""
+    missing = [a for a in _REQUIRED if not hasattr(cls, a)]
+    if missing:
+        raise AssayError(f"environment class {cls.__qualname__} lacks {', '.join(missing)}; see assay.envs.base")
+    key = (str(cls.name), str(cls.version))
+    old = _registry.get(key)
+    if old is not None and _qualname(old) != _qualname(cls):
+        raise AssayError(f"environment {key[0]}@{key[1]} is registered twice ({_qualname(old)} and "
+                         f"{_qualname(cls)}); bump the version or rename one")
+    _registry[key] = cls
+    return cls
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _load() -> None:
+    """Import the built-in environments and the plugins once, on first lookup (no import cycle)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    importlib.import_module("assay.envs.builtin")
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = ep.load()
+        except Exception as e:  # a broken plugin is named, not a crash deep inside
+            raise AssayError(f"environment plugin {ep.name!r} ({ep.value}) failed to load: {e}") from e
+        if not isinstance(cls, type):
+            raise AssayError(f"environment plugin {ep.name!r} ({ep.value}) must name an Environment class")
+        register(cls)
+
+
+def _version_key(version: str) -> tuple[tuple[int, Any], ...]:
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in version.split("."))
+
+
+def list_envs() -> list[tuple[str, str]]:
+    """Every registered (name, version), sorted by name then version."""
+    _load()
+    return sorted(_registry, key=lambda k: (k[0], _version_key(k[1])))
+
+
+def resolve(spec: str) -> type:
+    """The class for `name` (its latest version) or `name@version`."""
+    _load()
+    name, _, version = spec.strip().partition("@")
+    versions = sorted((v for n, v in _registry if n == name), key=_version_key)
+    if not versions:
+        known = ", ".join(sorted({n for n, _ in _registry})) or "none"
+        raise UnknownEnvironmentError(f"unknown environment {name!r}; known environments: {known}")
+    if not version:
+        version = versions[-1]
+    if (name, version) not in _registry:
+        raise UnknownEnvironmentError(f"environment {name!r} has no version {version!r}; "
+                                      f"available versions: {', '.join(versions)}")
+    return _registry[(name, version)]
+
+
+def get_env(spec: str, **env_args: Any) -> Environment:
+    """An instance of the environment `spec` names, built with `env_args` (e.g. jsonl's path)."""
+    cls = resolve(spec)
+    try:
+        inspect.signature(cls).bind(**env_args)
+    except TypeError as e:
+        params = [p for p in inspect.signature(cls).parameters if p != "self"]
+        takes = ", ".join(params) or "no arguments"
+        raise AssayError(f"environment {spec!r}: bad env_args {sorted(env_args)} ({e}); it takes: {takes}") from e
+    return cls(**env_args)
+
+
+def env_spec(env: Environment) -> str:
+    return f"{env.name}@{env.version}"
+
+
+def env_hash(env: Environment) -> str:
+    """sha256 over the source of the env class's module (plus modules it names in `hash_deps`), its
+    version, and its `fingerprint()` if it has one (data it loads); the first 12 hex chars."""
+    cls = type(env)
+    if cls not in _class_hashes:
+        h = hashlib.sha256()
+        for module in (cls.__module__, *getattr(cls, "hash_deps", ())):
+            h.update(_module_source(module, cls).encode())
+        _class_hashes[cls] = h.hexdigest()
+    h = hashlib.sha256(_class_hashes[cls].encode())
+    h.update(f"\0{env.version}".encode())
+    fingerprint = getattr(env, "fingerprint", None)
+    if callable(fingerprint):
+        h.update(f"\0{fingerprint()}".encode())
+    return h.hexdigest()[:12]
+
+
+def _module_source(module: str, cls: type) -> str:
+    try:
+        return inspect.getsource(sys.modules[module] if module in sys.modules else importlib.import_module(module))
+    except (OSError, TypeError):  # no source on disk (e.g. defined in a REPL): the class name is all we have
+        return _qualname(cls)

@@ -1,0 +1,52 @@
+"""Cold start: supervised fine-tuning on the environments' reference solutions."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from assay.agent.render import sft_example
+from assay.core.config import Config, dump_config
+from assay.core.modeling import save_model
+from assay.core.storage import MetricsLogger, atomic_write
+from assay.envs.base import Environment
+from assay.pipeline.policy import build_policy, domain_envs
+from assay.pipeline.ui import RunView
+from assay.train.sft import sft_train
+
+
+def build_examples(cfg: Config, envs: dict[str, Environment], tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+    """Reference conversations over every difficulty level in each domain's range."""
+    examples = []
+    for dom in cfg.domains:
+        env = envs[dom.name]
+        levels = [d for d in env.difficulties if dom.difficulty.min <= d <= dom.difficulty.max]
+        rng = random.Random(f"sft:{cfg.seed}:{dom.name}")
+        for i in range(cfg.sft.examples_per_domain):
+            task = env.generate(rng, levels[i % len(levels)])
+            examples.append(sft_example(tokenizer, task, env.reference_solution(task)))
+    return examples
+
+
+def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
+    """Builds (or loads) the policy, trains it on reference solutions, saves it to run_dir/policy."""
+    atomic_write(run_dir / "config.yaml", dump_config(cfg))
+    envs = domain_envs(cfg)
+    model, tokenizer = build_policy(cfg, envs)
+    examples = build_examples(cfg, envs, tokenizer)
+    metrics = MetricsLogger(run_dir)
+
+    def on_step(step: int, loss: float) -> None:
+        metrics.log(step, {"loss": loss}, kind="sft")
+        if view:
+            view.advance(step, f"loss {loss:.3f}")
+
+    try:
+        sft_train(model, examples, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
+                  warmup=cfg.sft.warmup, seed=cfg.seed, on_step=on_step)
+    finally:
+        metrics.close()
+    out = run_dir / "policy"
+    save_model(model, tokenizer, out)
+    return out

@@ -1,0 +1,131 @@
+"""The synchronous reference pipeline: sample tasks, roll out, verify, train, sync weights, repeat.
+
+Every random choice is a function of the config seed, the step and checkpointed state, so a
+resumed run continues exactly as if it had never stopped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from assay.agent.groups import collect
+from assay.core.checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
+from assay.core.config import Config, dump_config
+from assay.core.modeling import load_model, save_model
+from assay.core.storage import MetricsLogger, TrajectoryWriter, atomic_write
+from assay.core.types import Task, Trajectory
+from assay.mixer.mixer import DomainMixer
+from assay.pipeline.policy import build_policy, domain_envs
+from assay.pipeline.ui import RunView
+from assay.rollout.hf import HFBackend
+from assay.train.advantages import filter_zero_variance
+from assay.train.trainer import GRPOTrainer
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    model: Any
+    tokenizer: Any
+
+
+def _sampling_seed(cfg: Config, step: int, attempt: int) -> int:
+    return (cfg.seed * 1_000_003 + step * 101 + attempt) % 2**31
+
+
+class SyncPipeline:
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False) -> None:
+        self.cfg, self.run_dir = cfg, run_dir
+        self.envs = domain_envs(cfg)
+        self.domains = {d.name: d for d in cfg.domains}
+        self.start_step = 0
+        if resume:
+            ckpt = latest_checkpoint(run_dir)
+            blob, state = load_training_state(ckpt)
+            self.model, self.tokenizer = load_model(ckpt)
+        else:
+            self.model, self.tokenizer = build_policy(cfg, self.envs)
+            atomic_write(run_dir / "config.yaml", dump_config(cfg))
+        ref = self._reference_policy() if cfg.train.loss.kl_coef > 0 else None
+        self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref)
+        self.mixer = DomainMixer(cfg.domains, cfg.mixer, self.envs, seed=cfg.seed)
+        if resume:
+            self.trainer.load_state_dict(blob["trainer"])
+            self.mixer.load_state_dict(state["mixer"])
+            set_rng_state(blob["rng"])
+            self.start_step = state["step"]
+        self.backend = HFBackend(self.model, self.tokenizer)
+        self.backend.update_weights([], version=self.start_step)
+
+    def _reference_policy(self) -> Any:
+        """The KL anchor is the policy the run started from; kept on disk so a resume finds it."""
+        path = self.run_dir / "reference_policy"
+        if not (path / "config.json").is_file():
+            save_model(self.model, self.tokenizer, path)
+        ref, _ = load_model(path)
+        ref.requires_grad_(False)
+        return ref.eval()
+
+    def _rollout(self, tasks: list[Task], step: int, attempt: int) -> list[Trajectory]:
+        r = self.cfg.rollout
+        return collect(self.backend, self.tokenizer, self.envs, self.domains, tasks, samples=None,
+                       temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, policy_version=step - 1,
+                       seed=_sampling_seed(self.cfg, step, attempt), group_prefix=f"s{step}a{attempt}/")
+
+    def collect_batch(self, step: int) -> tuple[list[Trajectory], list[Trajectory], int]:
+        """(every trajectory sampled, those kept for training, groups dropped for zero variance).
+        Dynamic sampling refills dropped groups with fresh tasks, a bounded number of times."""
+        want = self.cfg.train.groups_per_step
+        everything = self._rollout(self.mixer.sample(want), step, 0)
+        if not self.cfg.train.dynamic_sampling:
+            return everything, everything, 0
+        kept, dropped = filter_zero_variance(everything)
+        for attempt in range(1, self.cfg.train.max_refill_rounds + 1):
+            missing = want - len({t.group_id for t in kept})
+            if missing <= 0:
+                break
+            more = self._rollout(self.mixer.sample(missing), step, attempt)
+            everything += more
+            more_kept, more_dropped = filter_zero_variance(more)
+            kept += more_kept
+            dropped += more_dropped
+        return everything, kept, dropped
+
+    def run(self, view: RunView | None = None) -> TrainResult:
+        cfg = self.cfg
+        writer = TrajectoryWriter(self.run_dir / "trajectories")
+        metrics = MetricsLogger(self.run_dir)
+        try:
+            for step in range(self.start_step + 1, cfg.train.steps + 1):
+                everything, kept, dropped = self.collect_batch(step)
+                writer.write(everything, step)
+                stats = self.mixer.update(everything)
+                train_metrics = self.trainer.step(kept)
+                self.backend.update_weights(self.trainer.named_weights(), version=step)
+                record = {**train_metrics, "groups_dropped": dropped, "trajectories": len(everything),
+                          **_flatten(stats.per_domain)}
+                metrics.log(step, record)
+                for warning in stats.warnings:
+                    metrics.log(step, {"seesaw": 1.0}, kind="warning")
+                    if view:
+                        view.warn(warning)
+                if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
+                    self.save(step)
+                if view:
+                    mean_pass = sum(d["pass_rate"] for d in stats.per_domain.values()) / len(stats.per_domain)
+                    view.advance(step, f"pass {mean_pass:.2f} loss {train_metrics.get('loss', 0.0):+.3f}",
+                                 {name: {**d, "kl": train_metrics.get("kl_ref", 0.0)} for name, d in stats.per_domain.items()})
+        finally:
+            metrics.close()
+        return TrainResult(self.run_dir, cfg.train.steps, self.model, self.tokenizer)
+
+    def save(self, step: int) -> Path:
+        return save_checkpoint(self.run_dir / "checkpoints", step, self.model, self.tokenizer,
+                               self.trainer.state_dict(), {"mixer": self.mixer.state_dict()},
+                               keep=self.cfg.train.keep_checkpoints)
+
+
+def _flatten(per_domain: dict[str, dict[str, float]]) -> dict[str, float]:
+    return {f"{name}/{key}": value for name, stats in per_domain.items() for key, value in stats.items()}

@@ -1,0 +1,52 @@
+import pytest
+
+from assay.core.config import build_config, load_config
+from assay.core.errors import ConfigError
+
+BASE = {"domains": [{"name": "arith", "env": "arith"}, {"name": "code", "env": "codegen"}]}
+
+
+def test_defaults_and_overrides():
+    cfg = build_config(BASE, ["train.steps=7", "domains.code.group_size=4", "domains.0.weight=2.5",
+                              "train.loss.eps_high=0.3", "name=x"])
+    assert cfg.train.steps == 7
+    assert cfg.domain("code").group_size == 4
+    assert cfg.domain("arith").weight == 2.5
+    assert cfg.train.loss.eps_high == 0.3
+    assert cfg.name == "x"
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("train.stepz=3", "unknown key 'train.stepz'"),
+    ("train.steps=abc", "train.steps"),
+    ("train.steps=-1", "train.steps: Input should be greater than 0"),
+    ("mixer.strategy=greedy", "mixer.strategy"),
+    ("domains.nope.weight=1", "no list item 'nope'"),
+    ("train.steps", "expected key.sub=value"),
+    ("domains.0.difficulty.start=9", "need min <= start <= max"),
+])
+def test_bad_values_name_the_key(override, expected):
+    with pytest.raises(ConfigError) as err:
+        build_config(BASE, [override])
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_domains_and_duplicates():
+    with pytest.raises(ConfigError, match="domains is required"):
+        build_config({})
+    with pytest.raises(ConfigError, match="repeated"):
+        build_config({"domains": [{"name": "a", "env": "arith"}, {"name": "a", "env": "arith"}]})
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("domains: [\n  - name: a\n  env: : x")
+    with pytest.raises(ConfigError, match="not valid YAML at line"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("3")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(scalar)
