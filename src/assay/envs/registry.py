@@ -18,7 +18,8 @@ from assay.core.errors import AssayError, UnknownEnvironmentError
 from assay.envs.base import Environment
 
 ENTRY_POINT_GROUP = "assay.environments"
-_REQUIRED = ("name", "version", "domain", "difficulties", "tools", "generate", "reference_solution", "start")
+# domain, difficulties and tools may be set per instance (jsonl takes its domain as an argument)
+_REQUIRED = ("name", "version", "generate", "reference_solution", "start")
 
 _registry: dict[tuple[str, str], type] = {}
 _loaded = False

@@ -11,11 +11,12 @@ from pathlib import Path
 
 from assay.core.storage import atomic_write, read_metrics
 
-PANELS = [("pass_rate", "pass rate"), ("reward", "mean reward"), ("difficulty", "curriculum difficulty"),
-          ("ratio", "mixer ratio"), ("length", "completion tokens"), ("truncated", "truncation rate"),
-          ("entropy", "entropy"), ("tool_errors", "tool errors / trajectory")]
-GLOBAL = [("loss", "loss"), ("grad_norm", "grad norm"), ("kl_ref", "KL to reference"),
-          ("clip_frac", "clip fraction"), ("mismatch", "trainer-engine |Δ logprob|"), ("groups_dropped", "groups dropped")]
+PANELS = [("pass_rate", "pass rate"), ("reward_mean", "mean reward"), ("difficulty", "curriculum difficulty"),
+          ("ratio", "mixer ratio"), ("completion_len", "completion tokens"), ("truncation_rate", "truncation rate"),
+          ("entropy", "entropy"), ("kl_ref", "KL to reference"), ("mismatch", "trainer-engine |Δ logprob|"),
+          ("tool_errors", "tool errors / trajectory")]
+GLOBAL = [("loss", "loss"), ("grad_norm", "grad norm"), ("clip_frac", "clip fraction"),
+          ("groups_dropped", "groups dropped")]
 
 
 def _png(series: dict[str, list[tuple[int, float]]], title: str) -> str:
@@ -48,10 +49,14 @@ def write_report(run_dir: Path) -> Path:
     per_key: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
         for key, value in r.items():
-            if "/" in key and isinstance(value, (int, float)):
-                domain, metric = key.split("/", 1)
-                per_key[metric][domain].append((r["step"], value))
-            elif isinstance(value, (int, float)) and key not in ("step", "time"):
+            if not isinstance(value, (int, float)) or key in ("step", "time"):
+                continue
+            parts = key.split("/")
+            if parts[0] == "domain" and len(parts) == 3:  # domain/<name>/<metric>, from the mixer
+                per_key[parts[2]][parts[1]].append((r["step"], value))
+            elif len(parts) == 2:  # <metric>/<name>, from the trainer
+                per_key[parts[0]][parts[1]].append((r["step"], value))
+            else:
                 per_key[key]["all"].append((r["step"], value))
     sections = [f"<h1>Assay run {html.escape(run_dir.name)}</h1>",
                 f"<p>{len(records)} training steps recorded in {html.escape(str(run_dir / 'metrics.jsonl'))}.</p>"]

@@ -92,8 +92,7 @@ def seesaw_warnings(history: Mapping[str, Sequence[tuple[float, int]]], window: 
     fell = sorted(n for n, d in delta.items() if d < -margin)
     rose = sorted(n for n, d in delta.items() if d > margin)
     return [
-        f"seesaw: {a} pass rate fell by {-delta[a]:.2f} while {b} rose by {delta[b]:.2f} "
-        f"over the last {window} updates"
+        f"seesaw: {a} pass rate fell by {-delta[a]:.2f} while {b} rose by {delta[b]:.2f} over the last {window} updates"
         for a in fell
         for b in rose
     ]

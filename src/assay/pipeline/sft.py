@@ -37,8 +37,8 @@ def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
     examples = build_examples(cfg, envs, tokenizer)
     metrics = MetricsLogger(run_dir)
 
-    def on_step(step: int, loss: float) -> None:
-        metrics.log(step, {"loss": loss}, kind="sft")
+    def on_step(step: int, loss: float, lr: float) -> None:
+        metrics.log(step, {"loss": loss, "lr": lr}, kind="sft")
         if view:
             view.advance(step, f"loss {loss:.3f}")
 

@@ -16,6 +16,7 @@ from assay.core.modeling import load_model, save_model
 from assay.core.storage import MetricsLogger, TrajectoryWriter, atomic_write
 from assay.core.types import Task, Trajectory
 from assay.mixer.mixer import DomainMixer
+from assay.mixer.stats import DomainStats
 from assay.pipeline.policy import build_policy, domain_envs
 from assay.pipeline.ui import RunView
 from assay.rollout.hf import HFBackend
@@ -52,7 +53,7 @@ class SyncPipeline:
         self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref)
         self.mixer = DomainMixer(cfg.domains, cfg.mixer, self.envs, seed=cfg.seed)
         if resume:
-            self.trainer.load_state_dict(blob["trainer"])
+            self.trainer.load_state_dict({**blob["trainer"], "model": self.model.state_dict()})
             self.mixer.load_state_dict(state["mixer"])
             set_rng_state(blob["rng"])
             self.start_step = state["step"]
@@ -105,27 +106,44 @@ class SyncPipeline:
                 train_metrics = self.trainer.step(kept)
                 self.backend.update_weights(self.trainer.named_weights(), version=step)
                 record = {**train_metrics, "groups_dropped": dropped, "trajectories": len(everything),
-                          **_flatten(stats.per_domain)}
+                          **stats.metrics()}
                 metrics.log(step, record)
                 for warning in stats.warnings:
                     metrics.log(step, {"seesaw": 1.0}, kind="warning")
                     if view:
-                        view.warn(warning)
+                        view.warn(f"step {step}: {warning}")
                 if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
                     self.save(step)
                 if view:
-                    mean_pass = sum(d["pass_rate"] for d in stats.per_domain.values()) / len(stats.per_domain)
-                    view.advance(step, f"pass {mean_pass:.2f} loss {train_metrics.get('loss', 0.0):+.3f}",
-                                 {name: {**d, "kl": train_metrics.get("kl_ref", 0.0)} for name, d in stats.per_domain.items()})
+                    view.advance(step, _headline(stats, train_metrics), domain_rows(stats, train_metrics))
         finally:
             metrics.close()
         return TrainResult(self.run_dir, cfg.train.steps, self.model, self.tokenizer)
 
     def save(self, step: int) -> Path:
         return save_checkpoint(self.run_dir / "checkpoints", step, self.model, self.tokenizer,
-                               self.trainer.state_dict(), {"mixer": self.mixer.state_dict()},
+                               _without_weights(self.trainer.state_dict()), {"mixer": self.mixer.state_dict()},
                                keep=self.cfg.train.keep_checkpoints)
 
 
-def _flatten(per_domain: dict[str, dict[str, float]]) -> dict[str, float]:
-    return {f"{name}/{key}": value for name, stats in per_domain.items() for key, value in stats.items()}
+def domain_rows(stats: DomainStats, train_metrics: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Per-domain figures for the live table: the mixer's step stats plus the trainer's."""
+    rows = {}
+    for name, d in stats.domains.items():
+        row = {k: v for k, v in vars(d).items() if v is not None}
+        for key in ("entropy", "kl_ref", "mismatch"):
+            if f"{key}/{name}" in train_metrics:
+                row[key] = train_metrics[f"{key}/{name}"]
+        rows[name] = row
+    return rows
+
+
+def _headline(stats: DomainStats, train_metrics: dict[str, float]) -> str:
+    rates = [d.pass_rate for d in stats.domains.values() if d.pass_rate is not None]
+    mean = sum(rates) / len(rates) if rates else 0.0
+    return f"pass {mean:.2f}  loss {train_metrics.get('loss', 0.0):+.4f}"
+
+
+def _without_weights(trainer_state: dict[str, Any]) -> dict[str, Any]:
+    """The weights go to model.safetensors once; trainer.pt holds the rest."""
+    return {k: v for k, v in trainer_state.items() if k != "model"}

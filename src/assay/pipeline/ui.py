@@ -9,9 +9,11 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-DOMAIN_COLUMNS = [("difficulty", "diff", "{:.0f}"), ("ratio", "ratio", "{:.2f}"), ("reward", "reward", "{:.2f}"),
-                  ("pass_rate", "pass", "{:.2f}"), ("length", "len", "{:.0f}"), ("truncated", "trunc", "{:.2f}"),
-                  ("entropy", "entropy", "{:.2f}"), ("kl", "kl", "{:.3f}")]
+DOMAIN_COLUMNS = [("difficulty", "diff", "{:.0f}"), ("ratio", "ratio", "{:.2f}"), ("n", "n", "{:.0f}"),
+                  ("reward_mean", "reward", "{:.2f}"), ("pass_rate", "pass", "{:.2f}"),
+                  ("completion_len", "len", "{:.0f}"), ("truncation_rate", "trunc", "{:.2f}"),
+                  ("tool_errors", "tool err", "{:.2f}"), ("entropy", "entropy", "{:.2f}"),
+                  ("kl_ref", "kl", "{:.3f}"), ("mismatch", "|Δlogp|", "{:.1e}"), ("infra_errors", "infra", "{:.0f}")]
 
 
 class RunView:

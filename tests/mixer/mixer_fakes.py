@@ -63,4 +63,6 @@ def traj(
 
 
 def task_of(domain: str, difficulty: int = 1, seed: int = 0) -> Task:
-    return Task(env=f"{domain}@1", task_id=f"{domain}-{seed}", domain=domain, difficulty=difficulty, prompt=[], seed=seed)
+    return Task(
+        env=f"{domain}@1", task_id=f"{domain}-{seed}", domain=domain, difficulty=difficulty, prompt=[], seed=seed
+    )

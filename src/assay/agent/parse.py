@@ -1,0 +1,57 @@
+"""Split an assistant turn's text into its content and `<tool_call>{json}</tool_call>` calls."""
+
+from __future__ import annotations
+
+import json
+
+from assay.core.tokenizer import TOOL_CALL_END, TOOL_CALL_START
+from assay.core.types import ToolCall
+
+
+def parse_assistant(text: str) -> tuple[str, list[ToolCall], str | None]:
+    """(content, calls, error). Content is the text before the first call; calls follow it back to back
+    (whitespace between them is allowed, other text is not). On any error the calls are dropped and
+    content is the whole text, so the recorded message still renders to exactly what was sampled."""
+    start = text.find(TOOL_CALL_START)
+    if start < 0:
+        if TOOL_CALL_END in text:
+            return text, [], f"found {TOOL_CALL_END} without an opening {TOOL_CALL_START}"
+        return text, [], None
+    calls: list[ToolCall] = []
+    i = start
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i == len(text):
+            return text[:start], calls, None
+        n = len(calls) + 1
+        if not text.startswith(TOOL_CALL_START, i):
+            return text, [], f"text after tool call {n - 1}: {text[i : i + 30]!r}; write text before the calls"
+        end = text.find(TOOL_CALL_END, i)
+        if end < 0:
+            return text, [], f"tool call {n}: {TOOL_CALL_START} without a closing {TOOL_CALL_END}"
+        call, err = _parse_call(text[i + len(TOOL_CALL_START) : end])
+        if err is not None:
+            return text, [], f"tool call {n}: {err}"
+        calls.append(call)
+        i = end + len(TOOL_CALL_END)
+
+
+def _parse_call(body: str) -> tuple[ToolCall, None] | tuple[None, str]:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        return None, f"invalid JSON ({e.msg} at char {e.pos})"
+    if not isinstance(obj, dict):
+        return None, 'expected a JSON object {"name": ..., "arguments": {...}}'
+    missing = [k for k in ("name", "arguments") if k not in obj]
+    if missing:
+        return None, f"missing key {' and '.join(repr(k) for k in missing)}"
+    extra = sorted(set(obj) - {"name", "arguments"})
+    if extra:
+        return None, f"unexpected key {', '.join(repr(k) for k in extra)}; only 'name' and 'arguments'"
+    if not isinstance(obj["name"], str) or not obj["name"]:
+        return None, "'name' must be a non-empty string"
+    if not isinstance(obj["arguments"], dict):
+        return None, "'arguments' must be a JSON object"
+    return ToolCall(obj["name"], obj["arguments"]), None

@@ -1,0 +1,102 @@
+"""RL losses as pure functions on [batch, time] tensors.
+
+Every per-token tensor is aligned with the token ids: position t holds the value for token t, which
+the model predicted from the logits at position t-1 (position 0 has no prediction and is 0)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+Aggregation = Literal["token", "sequence"]
+
+
+def aggregate(values: Tensor, mask: Tensor, aggregation: Aggregation, normalizer: float | None = None) -> Tensor:
+    """Reduce a per-token tensor over the masked positions.
+
+    token:    sum of all masked values / number of masked tokens (DAPO: long answers weigh more).
+    sequence: mean per sequence, then mean over sequences that have a masked token (GRPO).
+    `normalizer` replaces the denominator (tokens, or sequences) so that micro-batches of one batch,
+    each divided by the whole batch's count, sum to exactly the whole-batch value."""
+    mask = mask.to(values.dtype)
+    if aggregation == "token":
+        total = (values * mask).sum()
+        denom = normalizer if normalizer is not None else mask.sum().item()
+    elif aggregation == "sequence":
+        lengths = mask.sum(-1)
+        total = ((values * mask).sum(-1) / lengths.clamp_min(1)).sum()
+        denom = normalizer if normalizer is not None else (lengths > 0).sum().item()
+    else:
+        raise ValueError(f"unknown aggregation {aggregation!r}; use token or sequence")
+    return total / max(float(denom), 1.0)
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> float:
+    n = mask.sum().item()
+    return float((values * mask).sum().item() / n) if n else 0.0
+
+
+def policy_loss(
+    logp_new: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+    aggregation: Aggregation = "token",
+    normalizer: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO/GRPO clipped surrogate with the asymmetric clip range [1 - eps_low, 1 + eps_high] (DAPO's
+    clip-higher). `advantages` is [batch] (one per sequence) or [batch, time].
+
+    Metrics (means over masked tokens): clip_frac, the share of tokens whose gradient the clip
+    removed; approx_kl, the k3 estimate of KL(behaviour || current); ratio_mean."""
+    mask = mask.to(logp_new.dtype)
+    adv = advantages.to(logp_new.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(-1)
+    # outside the mask the two logprobs are unrelated (padding): keep exp() away from them
+    log_ratio = torch.where(mask > 0, logp_new - logp_old, torch.zeros_like(logp_new))
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    loss = aggregate(per_token, mask, aggregation, normalizer)
+    with torch.no_grad():
+        was_clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
+        metrics = {
+            "clip_frac": _masked_mean(was_clipped.to(mask.dtype), mask),
+            "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, mask),
+            "ratio_mean": _masked_mean(ratio, mask),
+        }
+    return loss, metrics
+
+
+def kl_penalty(logp_new: Tensor, logp_ref: Tensor, mask: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(current || reference): exp(d) - d - 1 with d = logp_ref - logp_new.
+    Non-negative, unbiased, and 0 outside the mask; reduce it with `aggregate`."""
+    mask = mask.to(logp_new.dtype)
+    d = torch.where(mask > 0, logp_ref - logp_new, torch.zeros_like(logp_new))
+    return (torch.exp(d) - d - 1.0) * mask
+
+
+def logprobs_from_logits(logits: Tensor, input_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """(logp, entropy), both [batch, time] and aligned with input_ids: logp[:, t] = log p(token t | tokens
+    < t) read from logits[:, t-1], entropy[:, t] that distribution's entropy (no gradient). Column 0 is 0."""
+    shifted = logits[:, :-1].float()
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    lse = torch.logsumexp(shifted, dim=-1)
+    logp = shifted.gather(-1, targets).squeeze(-1) - lse
+    with torch.no_grad():
+        probs = torch.softmax(shifted, dim=-1)
+        entropy = lse - (probs * shifted).sum(-1)
+    zero = logp.new_zeros(logp.shape[0], 1)
+    return torch.cat([zero, logp], dim=1), torch.cat([zero, entropy], dim=1)
+
+
+def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Forward a (right-padded) batch through a causal LM and return `logprobs_from_logits`."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    return logprobs_from_logits(logits, input_ids)

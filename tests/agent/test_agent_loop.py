@@ -1,0 +1,177 @@
+import torch
+from agent_fakes import FakeEpisode, ScriptedBackend, calc_task, reference, turn
+
+from assay.agent.loop import run_episodes
+from assay.agent.render import assistant_ids, prompt_ids, sft_example
+from assay.core.config import ModelConfig
+from assay.core.modeling import build_model
+from assay.core.types import OK, SANDBOX_ERROR, VERIFIER_ERROR, Message, Observation, Reward, ToolCall
+from assay.rollout.base import SamplingParams
+from assay.rollout.hf import HFBackend
+
+PARAMS = SamplingParams(max_tokens=64)
+
+
+def script_of(tok, task, messages):
+    return {tuple(prompt_ids(tok, task)): [turn(tok, m) for m in messages if m.role == "assistant"]}
+
+
+def test_loop_replays_reference_token_exact_like_sft(tok):
+    task = calc_task(12, 30)
+    ref = reference(task)
+    backend = ScriptedBackend(script_of(tok, task, ref), version=4)
+    ep = FakeEpisode(task)
+    [traj] = run_episodes(backend, [(task, ep)], tok, PARAMS, max_turns=4, max_context=512)
+
+    ids, mask = sft_example(tok, task, ref)
+    assert traj.token_ids == ids and traj.loss_mask == mask
+    # hand-checked positions: prompt | turn 1 (sampled) | tool output | turn 2 (sampled)
+    p, a1 = len(prompt_ids(tok, task)), len(assistant_ids(tok, ref[0]))
+    a2 = len(assistant_ids(tok, ref[2]))
+    o = len(ids) - p - a1 - a2
+    assert traj.prompt_len == p
+    assert mask == [0] * p + [1] * a1 + [0] * o + [1] * a2
+    assert traj.logprobs == [0.0] * p + [-0.01 * (i + 1) for i in range(a1)] + [0.0] * o + [
+        -0.01 * (i + 1) for i in range(a2)
+    ]
+    assert tok.decode(ids[p + a1 : p + a1 + o], skip_special_tokens=False) == (
+        "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert traj.completion_tokens == a1 + a2
+
+    assert traj.messages == task.prompt + ref
+    assert ep.calls == [ToolCall("calc", {"expression": "12+30"})]
+    assert ep.verified == traj.messages
+    assert (traj.reward, traj.passed, traj.reward_info) == (1.0, True, {"answer": "Answer: 42"})
+    assert (traj.turns, traj.tool_errors, traj.finish_reason, traj.status) == (2, 0, "stop", OK)
+    assert traj.env_hash == "hash-fakecalc-1" and traj.policy_version == 4
+    assert set(traj.timings) == {"generate_s", "tool_s", "verify_s"}
+    # the second request continued the first token for token: never re-tokenized
+    assert backend.requests[1].prompt_ids == ids[: p + a1 + o]
+    assert backend.requests[0].params.stop_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+def test_all_active_episodes_share_one_generate_call_per_turn(tok):
+    tasks = [calc_task(1, 1), calc_task(2, 2), calc_task(3, 3)]
+    call = lambda t: Message("assistant", "", [ToolCall("calc", {"expression": t.task_id})])  # noqa: E731
+    scripts = {}
+    for k, t in enumerate(tasks):  # episode k makes k tool calls, then answers
+        turns = [call(t)] * k + [Message("assistant", f"Answer: {t.payload['answer']}")]
+        scripts.update(script_of(tok, t, turns))
+    backend = ScriptedBackend(scripts)
+    trajs = run_episodes(backend, [(t, FakeEpisode(t)) for t in tasks], tok, PARAMS, max_turns=5, max_context=512)
+    assert backend.batches == [3, 2, 1]
+    assert [t.turns for t in trajs] == [1, 2, 3]
+    assert all(t.passed for t in trajs)
+    assert [t.task.task_id for t in trajs] == ["1+1", "2+2", "3+3"]
+
+
+def test_parse_errors_and_invalid_calls_are_tool_errors(tok):
+    task = calc_task(2, 3)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    broken = tok.encode('<tool_call>{"name":"calc","arguments":{', add_special_tokens=False)  # no </tool_call>
+    bad_schema = Message("assistant", "", [ToolCall("calc", {"expression": 5})])
+    unknown = Message("assistant", "", [ToolCall("sum", {"a": 2})])
+    env_error = Message("assistant", "", [ToolCall("calc", {"expression": "two+3"})])
+    answer = Message("assistant", "Answer: 5")
+    backend = ScriptedBackend({tuple(prompt_ids(tok, task)): [
+        (broken + [im_end], "stop"), turn(tok, bad_schema), turn(tok, unknown), turn(tok, env_error), turn(tok, answer),
+    ]})
+    ep = FakeEpisode(task)
+    [traj] = run_episodes(backend, [(task, ep)], tok, PARAMS, max_turns=6, max_context=1024)
+    assert traj.tool_errors == 4 and traj.turns == 5
+    assert traj.passed and traj.finish_reason == "stop"
+    assert ep.calls == [ToolCall("calc", {"expression": "two+3"})]  # only the valid call reached the episode
+    tools = [m.content for m in traj.messages if m.role == "tool"]
+    assert tools[0].startswith("error: tool call 1:") and "without a closing" in tools[0]
+    assert tools[1] == "error: calc: invalid arguments at expression: 5 is not of type 'string'"
+    assert tools[2] == "error: unknown tool 'sum' (tools: calc)"
+    assert tools[3] == "error: expected a+b"
+    assert traj.messages[2] == Message("assistant", '<tool_call>{"name":"calc","arguments":{', [])  # raw text kept
+
+
+def test_max_turns_stops_and_still_verifies(tok):
+    task = calc_task(4, 4)
+    call = Message("assistant", "", [ToolCall("calc", {"expression": "4+4"})])
+    backend = ScriptedBackend(script_of(tok, task, [call] * 5))
+    ep = FakeEpisode(task)
+    [traj] = run_episodes(backend, [(task, ep)], tok, PARAMS, max_turns=2, max_context=1024)
+    assert (traj.finish_reason, traj.turns, traj.passed, traj.status) == ("max_turns", 2, False, OK)
+    assert ep.verified == traj.messages and len(ep.calls) == 2  # the last turn's call ran, its output is recorded
+    assert traj.messages[-1] == Message("tool", "8", name="calc")
+    assert traj.loss_mask[-1] == 1  # but no tokens follow the last sampled <|im_end|>
+    assert tok.decode(traj.token_ids[-1:], skip_special_tokens=False) == "<|im_end|>"
+
+
+def test_length_truncation_is_verified_without_acting(tok):
+    task = calc_task(1, 2)
+    long_text = tok.encode("Answer: 3 because one plus two is three", add_special_tokens=False)
+    backend = ScriptedBackend({tuple(prompt_ids(tok, task)): [(long_text, "length")]})
+    ep = FakeEpisode(task, reward=Reward(0.5, False, details={"partial": True}))
+    [traj] = run_episodes(backend, [(task, ep)], tok, SamplingParams(max_tokens=4), max_turns=3, max_context=1024)
+    assert traj.finish_reason == "length" and traj.turns == 1
+    assert traj.completion_tokens == 4 and traj.loss_mask[-4:] == [1] * 4
+    assert ep.verified is not None and (traj.reward, traj.passed) == (0.5, False)
+
+
+def test_context_limit(tok):
+    task = calc_task(6, 7)
+    ref = reference(task)
+    p, a1 = len(prompt_ids(tok, task)), len(assistant_ids(tok, ref[0]))
+    # room for the first turn but not for the tool output after it
+    backend = ScriptedBackend(script_of(tok, task, ref))
+    [traj] = run_episodes(backend, [(task, FakeEpisode(task))], tok, PARAMS, max_turns=4, max_context=p + a1 + 3)
+    assert traj.finish_reason == "context" and traj.turns == 1 and len(traj.token_ids) == p + a1
+    # the turn itself is cut by the context: max_tokens shrinks to the room left
+    backend = ScriptedBackend(script_of(tok, task, ref))
+    [traj] = run_episodes(backend, [(task, FakeEpisode(task))], tok, PARAMS, max_turns=4, max_context=p + 5)
+    assert backend.requests[0].params.max_tokens == 5
+    assert traj.finish_reason == "context" and len(traj.token_ids) == p + 5
+    # a prompt that does not fit at all never reaches the backend
+    backend = ScriptedBackend(script_of(tok, task, ref))
+    [traj] = run_episodes(backend, [(task, FakeEpisode(task))], tok, PARAMS, max_turns=4, max_context=p)
+    assert traj.finish_reason == "context" and traj.turns == 0 and backend.batches == []
+
+
+def test_infrastructure_failures_are_statuses_not_rewards(tok):
+    task = calc_task(1, 1)
+    ref = reference(task)
+    sandbox_down = FakeEpisode(task, step_obs=Observation("", status=SANDBOX_ERROR))
+    bad_verifier = FakeEpisode(task, reward=Reward(1.0, True, status=VERIFIER_ERROR))
+
+    class Raising(FakeEpisode):
+        def verify(self, final):
+            raise RuntimeError("boom")
+
+    raising = Raising(task)
+    script = script_of(tok, task, ref)
+    backend = ScriptedBackend({k: v * 3 for k, v in script.items()})
+    items = [(task, sandbox_down), (task, bad_verifier), (task, raising)]
+    # the three share one prompt: the scripted backend serves them from one script in order
+    backend.scripts[next(iter(script))] = [script[next(iter(script))][i] for i in (0, 0, 0, 1, 1)]
+    t1, t2, t3 = run_episodes(backend, items, tok, PARAMS, max_turns=4, max_context=1024)
+    assert (t1.status, t1.finish_reason, t1.reward) == (SANDBOX_ERROR, "error", 0.0)
+    assert sandbox_down.verified is None
+    assert (t2.status, t2.reward, t2.passed) == (VERIFIER_ERROR, 0.0, False)
+    assert t3.status == VERIFIER_ERROR and t3.reward_info["error"] == "episode.verify raised RuntimeError: boom"
+
+
+def test_hf_backend_trajectories_carry_exact_behaviour_logprobs(tok):
+    torch.manual_seed(0)
+    cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+    model = build_model(cfg, tok)
+    backend = HFBackend(model, tok)
+    tasks = [calc_task(1, 2), calc_task(1, 2), calc_task(30, 4)]  # a group of two shares its task
+    params = SamplingParams(temperature=0.8, max_tokens=10, seed=0)
+    trajs = run_episodes(backend, [(t, FakeEpisode(t)) for t in tasks], tok, params, max_turns=2, max_context=256)
+    for t in trajs:
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
+        assert t.finish_reason in {"stop", "length", "max_turns", "context"} and t.status == OK
+        with torch.no_grad():
+            logits = model(torch.tensor([t.token_ids])).logits[0, :-1].float() / 0.8
+        logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(t.token_ids[1:])[:, None]).squeeze(-1)
+        m = torch.tensor(t.loss_mask[1:], dtype=torch.bool)
+        assert m.any()
+        assert torch.allclose(logp[m], torch.tensor(t.logprobs[1:])[m], atol=1e-4)
+        assert all(lp == 0.0 for lp, k in zip(t.logprobs, t.loss_mask, strict=True) if k == 0)
+    assert trajs[0].token_ids != trajs[1].token_ids  # the group's samples are separate draws

@@ -1,0 +1,52 @@
+import pytest
+
+from assay.agent.parse import parse_assistant
+from assay.agent.validate import validate_call
+from assay.core.types import ToolCall, ToolSpec
+
+
+def test_plain_answer():
+    assert parse_assistant("Answer: 42") == ("Answer: 42", [], None)
+
+
+def test_content_and_calls():
+    text = 'Let me add.<tool_call>{"name":"calc","arguments":{"expression":"1+2"}}</tool_call>'
+    assert parse_assistant(text) == ("Let me add.", [ToolCall("calc", {"expression": "1+2"})], None)
+    two = '<tool_call>{"name":"a","arguments":{}}</tool_call>\n <tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>\n'
+    assert parse_assistant(two) == ("", [ToolCall("a", {}), ToolCall("b", {"x": 1})], None)
+
+
+@pytest.mark.parametrize(
+    "text,error",
+    [
+        ('<tool_call>{"name":"calc","arguments":{"expression":"1+2"}</tool_call>', "tool call 1: invalid JSON"),
+        ('<tool_call>{"name":"calc"}</tool_call>', "tool call 1: missing key 'arguments'"),
+        ('<tool_call>{}</tool_call>', "missing key 'name' and 'arguments'"),
+        ('<tool_call>{"name":"c","arguments":{},"id":1}</tool_call>', "unexpected key 'id'"),
+        ('<tool_call>{"name":"c","arguments":"x=1"}</tool_call>', "'arguments' must be a JSON object"),
+        ('<tool_call>{"name":"","arguments":{}}</tool_call>', "'name' must be a non-empty string"),
+        ('<tool_call>[1, 2]</tool_call>', "expected a JSON object"),
+        ('<tool_call>{"name":"c","arguments":{}}', "without a closing </tool_call>"),
+        ('<tool_call>{"name":"c","arguments":{}}</tool_call> done', "text after tool call 1: 'done'"),
+        ('<tool_call>{"name":"c","arguments":{}}</tool_call><tool_call>oops</tool_call>', "tool call 2: invalid JSON"),
+        ('answer</tool_call>', "without an opening <tool_call>"),
+    ],
+)
+def test_malformed_calls_are_errors_and_keep_the_whole_text(text, error):
+    content, calls, err = parse_assistant(text)
+    assert err is not None and error in err
+    assert (content, calls) == (text, [])
+
+
+SPEC = ToolSpec("calc", "Add.", {"type": "object", "properties": {"expression": {"type": "string"}},
+                                 "required": ["expression"], "additionalProperties": False})
+
+
+def test_validate_call():
+    assert validate_call(ToolCall("calc", {"expression": "1+2"}), [SPEC]) is None
+    assert validate_call(ToolCall("calk", {}), [SPEC]) == "unknown tool 'calk' (tools: calc)"
+    assert validate_call(ToolCall("calc", {}), []) == "unknown tool 'calc' (tools: none)"
+    assert "'expression' is a required property" in validate_call(ToolCall("calc", {}), [SPEC])
+    err = validate_call(ToolCall("calc", {"expression": 3}), [SPEC])
+    assert err == "calc: invalid arguments at expression: 3 is not of type 'string'"
+    assert "Additional properties" in validate_call(ToolCall("calc", {"expression": "1", "x": 1}), [SPEC])

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import hashlib
+import inspect
+import random
+from importlib.metadata import EntryPoint
+
+import pytest
+
+from assay.core.errors import AssayError, UnknownEnvironmentError
+from assay.core.types import Message, Task
+from assay.envs import env_hash, get_env, list_envs, register, registry
+from assay.envs.builtin import _common, arith
+from assay.envs.builtin.arith import ArithEnv
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """Registrations made by a test vanish after it."""
+    registry.list_envs()  # load the built-ins first
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
+
+
+def _toy(version: str) -> type:
+    class Toy:
+        name = "toy"
+        domain = "test"
+        difficulties = (1,)
+        tools = ()
+
+        def generate(self, rng: random.Random, difficulty: int) -> Task:
+            return Task("toy@" + self.version, "t", "test", difficulty, [Message("user", "hi")])
+
+        def reference_solution(self, task: Task) -> list[Message]:
+            return [Message("assistant", "hi")]
+
+        def start(self, task, sandbox):
+            raise NotImplementedError
+
+    Toy.version = version
+    Toy.__qualname__ = f"Toy_{version}"
+    return Toy
+
+
+def test_builtins_are_listed():
+    assert list_envs() == [("arith", "1"), ("codegen", "1"), ("jsonl", "1"), ("toolcalc", "1")]
+
+
+def test_name_and_name_at_version_resolve():
+    assert isinstance(get_env("arith"), ArithEnv) and isinstance(get_env("arith@1"), ArithEnv)
+    assert get_env("codegen", timeout_s=1.5).limits.timeout_s == 1.5
+
+
+def test_unknown_name_lists_the_known_environments():
+    with pytest.raises(UnknownEnvironmentError) as e:
+        get_env("arithmetic")
+    assert str(e.value) == "unknown environment 'arithmetic'; known environments: arith, codegen, jsonl, toolcalc"
+
+
+def test_unknown_version_lists_the_available_versions():
+    with pytest.raises(UnknownEnvironmentError) as e:
+        get_env("arith@7")
+    assert str(e.value) == "environment 'arith' has no version '7'; available versions: 1"
+
+
+def test_bad_env_args_name_what_the_environment_takes():
+    with pytest.raises(AssayError, match=r"bad env_args \['path'\].*it takes: no arguments"):
+        get_env("arith", path="x")
+
+
+def test_latest_version_is_numeric_not_lexicographic(scratch_registry):
+    for v in ("2", "10", "9"):
+        register(_toy(v))
+    assert get_env("toy").version == "10" and get_env("toy@9").version == "9"
+    assert [v for n, v in list_envs() if n == "toy"] == ["2", "9", "10"]
+    with pytest.raises(UnknownEnvironmentError, match="available versions: 2, 9, 10"):
+        get_env("toy@3")
+
+
+def test_registering_a_different_class_under_a_taken_version_fails(scratch_registry):
+    register(_toy("1"))
+    other = _toy("1")
+    other.__qualname__ = "Other"
+    with pytest.raises(AssayError, match="toy@1 is registered twice"):
+        register(other)
+    with pytest.raises(AssayError, match="lacks generate"):
+        register(type("Half", (), {"name": "half", "version": "1"}))
+
+
+def test_env_hash_is_sha256_of_module_sources_and_version():
+    h = hashlib.sha256()
+    for module in (arith, _common):
+        h.update(inspect.getsource(module).encode())
+    expected = hashlib.sha256(h.hexdigest().encode() + b"\x001").hexdigest()[:12]
+    env = ArithEnv()
+    assert env_hash(env) == expected
+    task = env.generate(random.Random(0), 1)
+    assert task.env_hash == expected and task.env == "arith@1"
+    hashes = {env_hash(get_env(n)) for n in ("arith", "codegen", "toolcalc")}
+    assert len(hashes) == 3
+
+
+PLUGIN = """
+class PluginEnv:
+    name = "plugged"
+    version = "0.3"
+    domain = "test"
+    difficulties = (1,)
+    tools = ()
+    def generate(self, rng, difficulty): ...
+    def reference_solution(self, task): ...
+    def start(self, task, sandbox): ...
+"""
+
+
+def test_entry_point_plugins_are_loaded(monkeypatch, scratch_registry, tmp_path):
+    (tmp_path / "my_assay_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugin = EntryPoint("plugged", "my_assay_plugin:PluginEnv", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [plugin] if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry, "_loaded", False)
+    assert ("plugged", "0.3") in list_envs() and get_env("plugged").version == "0.3"
+    assert len(env_hash(get_env("plugged"))) == 12  # hashed from the plugin's own source
+    broken = EntryPoint("broken", "no_such_module_xyz:Env", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [broken])
+    monkeypatch.setattr(registry, "_loaded", False)
+    with pytest.raises(AssayError, match="environment plugin 'broken' .*failed to load"):
+        list_envs()

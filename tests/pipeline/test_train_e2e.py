@@ -1,0 +1,75 @@
+"""End to end through the CLI: the run directory's contents, exact resume, and bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def assay(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "assay.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_train_writes_a_complete_run_directory(tiny_config, tmp_path):
+    out = assay("train", tiny_config(name="e2e"), "train.steps=3", "--quiet")
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "runs" / "e2e"
+    assert "domains" in (run / "config.yaml").read_text()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    for key in ("loss", "arith/pass_rate", "agent/difficulty", "agent/ratio", "arith/truncated"):
+        assert key in train[-1], key
+    assert list((run / "tb").iterdir())
+    df = pd.read_parquet(run / "trajectories")
+    assert len(df) >= 3 * 2 * 2 and set(df["domain"]) <= {"arith", "agent"}
+    assert {"token_ids", "loss_mask", "logprobs", "reward", "status", "env_hash"} <= set(df.columns)
+    ckpt = run / "checkpoints" / "step_3"
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    AutoTokenizer.from_pretrained(ckpt)
+    assert model.config.num_hidden_layers == 1
+    report = assay("report", str(run))
+    assert report.returncode == 0, report.stderr
+    assert "data:image/png;base64" in (run / "report.html").read_text()
+
+
+def test_resume_is_exact(tiny_config, tmp_path):
+    straight = assay("train", tiny_config(name="straight"), "--quiet")
+    assert straight.returncode == 0, straight.stderr
+    half = assay("train", tiny_config(name="half"), "train.steps=3", "--quiet")
+    assert half.returncode == 0, half.stderr
+    resumed = assay("train", "--resume", str(tmp_path / "runs" / "half"), "train.steps=6", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    a = tmp_path / "runs" / "straight" / "checkpoints" / "step_6"
+    b = tmp_path / "runs" / "half" / "checkpoints" / "step_6"
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert json.loads((a / "state.json").read_text()) == json.loads((b / "state.json").read_text())
+    # the trajectories of both attempts are all kept
+    assert set(pd.read_parquet(tmp_path / "runs" / "half" / "trajectories")["step"]) == set(range(1, 7))
+
+
+def test_bad_input_is_one_line_and_nonzero(tiny_config, tmp_path):
+    cases = [
+        ("train", tiny_config(name="x"), "train.stepz=3"),
+        ("train", tiny_config(name="y", domains=[{"name": "q", "env": "nosuchenv"}])),
+        ("train", str(tmp_path / "missing.yaml")),
+        ("train", "--resume", str(tmp_path / "runs" / "never")),
+        ("eval", str(tmp_path / "no-checkpoint"), "--env", "arith"),
+    ]
+    for args in cases:
+        out = assay(*args)
+        assert out.returncode != 0, args
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (args, out.stderr)
+    blocker = Path(tmp_path / "blocker")
+    blocker.write_text("")
+    out = assay("train", tiny_config(name="z", run_dir=str(blocker)))
+    assert out.returncode != 0 and "not writable" in out.stderr

@@ -1,0 +1,109 @@
+import math
+
+import pytest
+import torch
+from train_helpers import Bigram
+
+from assay.train.losses import aggregate, kl_penalty, logprobs_from_logits, policy_loss, token_logprobs
+
+torch.set_num_threads(1)
+EPS_LOW, EPS_HIGH = 0.2, 0.28
+
+
+def clip_case():
+    """Three sequences; behaviour logprobs 0, so exp(logp_new) is the ratio itself.
+
+    row 0, A=+1:  ratio 1.5 -> clipped at 1.28 (no gradient); 0.5 -> below the range but A>0, so the
+                  unclipped 0.5 is the min and the gradient flows; 1.1 -> inside.
+    row 1, A=-2:  ratio 0.5 -> clipped at 0.8 (no gradient); 1.5 -> above the range but A<0, so the
+                  unclipped -3 is the min and the gradient flows; position 3 masked (ratio 7).
+    row 2, A=0.5: ratio 1; positions 2-3 masked with a huge logp that must not leak (exp overflow)."""
+    ratios = torch.tensor([[1.0, 1.5, 0.5, 1.1], [1.0, 0.5, 1.5, 7.0], [1.0, 1.0, 1.0, 1.0]])
+    logp_new = ratios.log()
+    logp_new[2, 2:] = 1000.0
+    logp_new.requires_grad_(True)
+    mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 0], [0, 1, 0, 0]], dtype=torch.float32)
+    adv = torch.tensor([1.0, -2.0, 0.5])
+    return logp_new, torch.zeros(3, 4), adv, mask
+
+
+# per-token losses -min(r·A, clip(r)·A) of the masked tokens
+ROW0 = [-1.28, -0.5, -1.1]
+ROW1 = [1.6, 3.0]
+ROW2 = [-0.5]
+
+
+def test_token_aggregation_by_hand():
+    logp_new, old, adv, mask = clip_case()
+    loss, m = policy_loss(logp_new, old, adv, mask, EPS_LOW, EPS_HIGH, "token")
+    assert loss.item() == pytest.approx(sum(ROW0 + ROW1 + ROW2) / 6, abs=1e-6)
+    assert m["clip_frac"] == pytest.approx(2 / 6)
+    assert m["ratio_mean"] == pytest.approx((1.5 + 0.5 + 1.1 + 0.5 + 1.5 + 1.0) / 6, abs=1e-6)
+    k3 = [r - 1 - math.log(r) for r in (1.5, 0.5, 1.1, 0.5, 1.5, 1.0)]
+    assert m["approx_kl"] == pytest.approx(sum(k3) / 6, abs=1e-6)
+    loss.backward()
+    # d(-r·A)/d logp = -A·r where unclipped, 0 where the clip is active
+    want = torch.tensor([[0, 0, -0.5, -1.1], [0, 0, 2 * 1.5, 0], [0, -0.5, 0, 0]]) / 6
+    assert torch.allclose(logp_new.grad, want, atol=1e-6)
+
+
+def test_sequence_aggregation_by_hand():
+    logp_new, old, adv, mask = clip_case()
+    loss, _ = policy_loss(logp_new, old, adv, mask, EPS_LOW, EPS_HIGH, "sequence")
+    want = (sum(ROW0) / 3 + sum(ROW1) / 2 + sum(ROW2) / 1) / 3
+    assert loss.item() == pytest.approx(want, abs=1e-6)
+
+
+def test_symmetric_clip_differs():
+    logp_new, old, adv, mask = clip_case()
+    loss, _ = policy_loss(logp_new, old, adv, mask, 0.2, 0.2, "token")
+    assert loss.item() == pytest.approx((-1.2 - 0.5 - 1.1 + 1.6 + 3.0 - 0.5) / 6, abs=1e-6)
+
+
+@pytest.mark.parametrize("aggregation,total", [("token", 6.0), ("sequence", 3.0)])
+def test_normalizer_splits_exactly(aggregation, total):
+    logp_new, old, adv, mask = clip_case()
+    whole, _ = policy_loss(logp_new, old, adv, mask, EPS_LOW, EPS_HIGH, aggregation)
+    parts = [
+        policy_loss(logp_new[s], old[s], adv[s], mask[s], EPS_LOW, EPS_HIGH, aggregation, normalizer=total)[0]
+        for s in (slice(0, 2), slice(2, 3))
+    ]
+    assert (parts[0] + parts[1]).item() == pytest.approx(whole.item(), abs=1e-7)
+
+
+def test_aggregate_ignores_empty_rows():
+    values = torch.tensor([[2.0, 4.0], [9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    assert aggregate(values, mask, "sequence").item() == 3.0
+    assert aggregate(values, mask, "token").item() == 3.0
+    assert aggregate(values, torch.zeros(2, 2), "token").item() == 0.0
+
+
+def test_kl_k3_by_hand():
+    logp_new = torch.tensor([[0.0, math.log(0.5), math.log(0.2)]])
+    logp_ref = torch.tensor([[5.0, math.log(0.25), math.log(0.2)]])
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    kl = kl_penalty(logp_new, logp_ref, mask)
+    # d = log(.25) - log(.5) = log(.5): exp(d) - d - 1 = .5 + log 2 - 1; identical logprobs give 0
+    assert kl.tolist()[0] == pytest.approx([0.0, 0.5 + math.log(2) - 1, 0.0], abs=1e-7)
+
+
+def test_logprobs_read_logits_of_previous_position():
+    probs = torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]]])
+    ids = torch.tensor([[3, 2, 0]])
+    logp, ent = logprobs_from_logits(probs.log(), ids)
+    # token 1 (=2) from row 0: p=.3; token 2 (=0) from row 1: p=.25; row 2 predicts nothing here
+    assert logp.tolist()[0] == pytest.approx([0.0, math.log(0.3), math.log(0.25)], abs=1e-6)
+    h0 = -sum(p * math.log(p) for p in (0.1, 0.2, 0.3, 0.4))
+    assert ent.tolist()[0] == pytest.approx([0.0, h0, math.log(4)], abs=1e-6)
+
+
+def test_token_logprobs_with_a_model():
+    torch.manual_seed(0)
+    table = torch.randn(5, 5)
+    model = Bigram(table)
+    ids = torch.tensor([[1, 4, 2, 0], [3, 3, 0, 0]])
+    logp, _ = token_logprobs(model, ids, torch.ones_like(ids))
+    lsm = table.log_softmax(-1)
+    want = [[0.0, lsm[1, 4], lsm[4, 2], lsm[2, 0]], [0.0, lsm[3, 3], lsm[3, 0], lsm[0, 0]]]
+    assert torch.allclose(logp, torch.tensor(want), atol=1e-6)

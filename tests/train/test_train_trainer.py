@@ -1,0 +1,194 @@
+import copy
+import math
+
+import pytest
+import torch
+from train_helpers import Bigram, random_batch, tiny_qwen, traj, with_behaviour_logprobs
+
+from assay.core.config import LossConfig, TrainConfig
+from assay.core.errors import AssayError
+from assay.core.types import ROLLOUT_ERROR
+from assay.train.trainer import GRPOTrainer
+
+torch.set_num_threads(1)
+
+
+def cfg(**kw) -> TrainConfig:
+    loss = LossConfig(**kw.pop("loss", {}))
+    return TrainConfig(**{"lr": 1e-2, **kw, "loss": loss})
+
+
+def grads(model) -> list[torch.Tensor]:
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_micro_batches_give_the_whole_batch_gradient(aggregation):
+    model = tiny_qwen()
+    ref = tiny_qwen(seed=1)
+    batch = random_batch(0, n_groups=3, group_size=3)
+    with_behaviour_logprobs(model, batch, noise=0.4)
+    loss = {"aggregation": aggregation, "kl_coef": 0.1}
+    whole = GRPOTrainer(model, cfg(micro_batch=9, loss=loss), ref_model=ref).accumulate_gradients(batch)
+    g_whole = grads(model)
+    assert whole["clip_frac"] > 0  # the noise put some tokens outside the clip range
+    for mb in (1, 2, 4):
+        parts = GRPOTrainer(model, cfg(micro_batch=mb, loss=loss), ref_model=ref).accumulate_gradients(batch)
+        for a, b in zip(g_whole, grads(model), strict=True):
+            assert torch.allclose(a, b, atol=1e-6, rtol=0)
+        for k in ("loss", "clip_frac", "entropy", "kl_ref", "mismatch"):
+            assert parts[k] == pytest.approx(whole[k], abs=1e-6)
+
+
+def test_loss_uses_logits_of_the_previous_token():
+    torch.manual_seed(0)
+    table = torch.randn(8, 8)
+    lsm = table.log_softmax(-1)
+    # tokens 5 -> 2 -> 7 -> 1 with tokens 7 and 1 generated; a correct trainer reads p(7|2) and p(1|7)
+    t = traj([5, 2, 7, 1], [0, 0, 1, 1], 1.0, "g", logprobs=[0.0, 0.0, float(lsm[2, 7]), float(lsm[7, 1])])
+    u = traj([5, 2, 7, 1], [0, 0, 1, 1], 0.0, "g", logprobs=[0.0, 0.0, float(lsm[2, 7]), float(lsm[7, 1])])
+    model = Bigram(table)
+    trainer = GRPOTrainer(model, cfg(loss={"per_domain_normalize": False}))
+    m = trainer.accumulate_gradients([t, u])
+    assert m["mismatch"] == pytest.approx(0.0, abs=1e-6)
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    # a second, different completion: gradients reach exactly the rows that predicted generated tokens
+    # (2 -> 7, 7 -> 1, 2 -> 3, 3 -> 4), never row 5 (predicts a prompt token) nor the last tokens' rows
+    u.token_ids, u.logprobs = [5, 2, 3, 4], [0.0, 0.0, float(lsm[2, 3]), float(lsm[3, 4])]
+    trainer.accumulate_gradients([t, u])
+    touched = (model.table.grad.abs().sum(-1) > 0).nonzero().flatten().tolist()
+    assert touched == [2, 3, 7]
+
+
+def test_per_domain_mismatch():
+    model = tiny_qwen()
+    batch = random_batch(3, n_groups=2, group_size=2, domains=("a", "b"))
+    with_behaviour_logprobs(model, batch, noise=0.0)
+    for t in batch:
+        if t.task.domain == "b":
+            t.logprobs = [lp - 0.25 if m else 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True)]
+    m = GRPOTrainer(model, cfg()).step(batch)
+    assert m["mismatch/a"] == pytest.approx(0.0, abs=1e-5)
+    assert m["mismatch/b"] == pytest.approx(0.25, abs=1e-5)
+    tok = {d: sum(sum(t.loss_mask) for t in batch if t.task.domain == d) for d in "ab"}
+    assert m["mismatch"] == pytest.approx(0.25 * tok["b"] / (tok["a"] + tok["b"]), abs=1e-5)
+    assert m["tokens"] == tok["a"] + tok["b"] and m["skipped"] == 0.0
+
+
+def test_state_round_trip_gives_identical_next_step():
+    b1, b2 = random_batch(1), random_batch(2)
+    model = tiny_qwen(seed=0)
+    trainer = GRPOTrainer(model, cfg(weight_decay=0.1))
+    with_behaviour_logprobs(model, b1, noise=0.3)
+    trainer.step(b1)
+    saved = copy.deepcopy(trainer.state_dict())
+    with_behaviour_logprobs(model, b2, noise=0.3)
+    want = trainer.step(b2)
+
+    other = GRPOTrainer(tiny_qwen(seed=7), cfg(weight_decay=0.1))
+    other.load_state_dict(saved)
+    assert other.steps == 1
+    got = other.step(b2)
+    assert got == want
+    for (n1, a), (n2, b) in zip(trainer.named_weights(), other.named_weights(), strict=True):
+        assert n1 == n2 and torch.equal(a, b)
+
+
+def test_updates_per_batch_reuses_rollout_logprobs():
+    batch = random_batch(4)
+    m1, m2 = tiny_qwen(), tiny_qwen()
+    with_behaviour_logprobs(m1, batch, noise=0.2)
+    twice = GRPOTrainer(m1, cfg(updates_per_batch=2))
+    out = twice.step(batch)
+    once = GRPOTrainer(m2, cfg(updates_per_batch=1))
+    first = once.step(batch)
+    once.step(batch)
+    assert twice.steps == 2
+    assert out["mismatch"] == first["mismatch"]  # reported from the first update only
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_nothing_to_learn_skips_the_step():
+    model = tiny_qwen()
+    before = copy.deepcopy(model.state_dict())
+    trainer = GRPOTrainer(model, cfg())
+    same = [traj([1, 2, 3], [0, 1, 1], 0.5, "g") for _ in range(4)]
+    failed = [traj([1, 2, 3], [0, 1, 1], float(i), "h", status=ROLLOUT_ERROR) for i in range(2)]
+    no_tokens = [traj([1, 2, 3], [0, 0, 0], float(i), "k") for i in range(2)]
+    for batch in ([], same, failed, no_tokens):
+        m = trainer.step(batch)
+        assert m["skipped"] == 1.0 and m["optimizer_steps"] == 0.0
+    assert trainer.step(failed)["infra_dropped"] == 2.0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_failed_trajectories_do_not_change_the_gradient():
+    model = tiny_qwen()
+    batch = random_batch(5)
+    with_behaviour_logprobs(model, batch, noise=0.2)
+    GRPOTrainer(model, cfg()).accumulate_gradients(batch)
+    clean = grads(model)
+    junk = traj([9] * 30, [0] + [1] * 29, 100.0, batch[0].group_id, status=ROLLOUT_ERROR)
+    GRPOTrainer(model, cfg()).accumulate_gradients(batch + [junk])
+    for a, b in zip(clean, grads(model), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_bad_trajectories_and_config_raise():
+    trainer = GRPOTrainer(tiny_qwen(), cfg())
+    with pytest.raises(AssayError, match="one entry per token"):
+        trainer.step([traj([1, 2, 3], [0, 1], 1.0, "g"), traj([1, 2], [0, 1], 0.0, "g")])
+    with pytest.raises(AssayError, match="loss_mask\\[0\\]"):
+        trainer.step([traj([1, 2], [1, 1], 1.0, "g"), traj([1, 2], [0, 1], 0.0, "g")])
+    with pytest.raises(AssayError, match="reference model"):
+        GRPOTrainer(tiny_qwen(), cfg(loss={"kl_coef": 0.1}))
+
+
+def test_kl_to_identical_reference_is_zero_and_bf16_runs():
+    model = tiny_qwen()
+    batch = random_batch(6)
+    with_behaviour_logprobs(model, batch, noise=0.1)
+    m = GRPOTrainer(model, cfg(loss={"kl_coef": 0.5}), ref_model=copy.deepcopy(model)).step(batch)
+    assert m["kl_ref"] == pytest.approx(0.0, abs=1e-7)
+    before = [p.clone() for p in model.parameters()]
+    m = GRPOTrainer(model, cfg(bf16=True)).step(batch)
+    assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) and 0 < m["mismatch"] < 0.5
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_grpo_raises_reward_on_a_toy_bandit():
+    """Reward 1 when the single sampled token is even: GRPO must raise p(even) from about 1/2."""
+    model = tiny_qwen(seed=3)
+    trainer = GRPOTrainer(model, cfg(lr=3e-2, loss={"eps_high": 0.2}))
+    prompt = [1, 2, 3]
+    g = torch.Generator().manual_seed(0)
+
+    def p_even() -> float:
+        with torch.no_grad():
+            probs = model(input_ids=torch.tensor([prompt])).logits[0, -1].softmax(-1)
+        return float(probs[0::2].sum())
+
+    start = p_even()
+    for step in range(12):
+        with torch.no_grad():
+            logp = model(input_ids=torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
+        toks = torch.multinomial(logp.exp(), 8, replacement=True, generator=g).tolist()
+        batch = [
+            traj(prompt + [k], [0, 0, 0, 1], float(k % 2 == 0), f"s{step}", logprobs=[0.0, 0.0, 0.0, float(logp[k])])
+            for k in toks
+        ]
+        trainer.step(batch)
+    end = p_even()
+    assert start < 0.7 and end > 0.9
+
+
+def test_non_finite_gradient_skips_the_step():
+    model = tiny_qwen()
+    before = copy.deepcopy(model.state_dict())
+    trainer = GRPOTrainer(model, cfg())
+    # behaviour logprob -1000: the ratio overflows to inf, and the negative advantage keeps it unclipped
+    batch = [traj([1, 2, 3], [0, 1, 1], 1.0, "g"), traj([1, 2, 4], [0, 1, 1], 0.0, "g", logprobs=[0.0, -1e3, -1e3])]
+    m = trainer.step(batch)
+    assert m["skipped"] == 1.0 and m["nonfinite"] == 1.0 and trainer.steps == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
