@@ -51,7 +51,8 @@ class FakeEpisode:
         if self.reward is not None:
             return self.reward
         last = final[-1]
-        ok = last.role == "assistant" and not last.tool_calls and last.content == f"Answer: {self.task.payload['answer']}"
+        want = f"Answer: {self.task.payload['answer']}"
+        ok = last.role == "assistant" and not last.tool_calls and last.content == want
         return Reward(float(ok), ok, details={"answer": last.content})
 
 

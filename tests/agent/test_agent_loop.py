@@ -144,11 +144,10 @@ def test_infrastructure_failures_are_statuses_not_rewards(tok):
             raise RuntimeError("boom")
 
     raising = Raising(task)
-    script = script_of(tok, task, ref)
-    backend = ScriptedBackend({k: v * 3 for k, v in script.items()})
+    [(key, (call, answer))] = script_of(tok, task, ref).items()
+    # the three share one prompt, so one script serves them in request order: three calls, then two answers
+    backend = ScriptedBackend({key: [call, call, call, answer, answer]})
     items = [(task, sandbox_down), (task, bad_verifier), (task, raising)]
-    # the three share one prompt: the scripted backend serves them from one script in order
-    backend.scripts[next(iter(script))] = [script[next(iter(script))][i] for i in (0, 0, 0, 1, 1)]
     t1, t2, t3 = run_episodes(backend, items, tok, PARAMS, max_turns=4, max_context=1024)
     assert (t1.status, t1.finish_reason, t1.reward) == (SANDBOX_ERROR, "error", 0.0)
     assert sandbox_down.verified is None

@@ -12,7 +12,8 @@ def test_plain_answer():
 def test_content_and_calls():
     text = 'Let me add.<tool_call>{"name":"calc","arguments":{"expression":"1+2"}}</tool_call>'
     assert parse_assistant(text) == ("Let me add.", [ToolCall("calc", {"expression": "1+2"})], None)
-    two = '<tool_call>{"name":"a","arguments":{}}</tool_call>\n <tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>\n'
+    two = '<tool_call>{"name":"a","arguments":{}}</tool_call>\n <tool_call>{"name": "b", "arguments": {"x": 1}}'
+    two += "</tool_call>\n"
     assert parse_assistant(two) == ("", [ToolCall("a", {}), ToolCall("b", {"x": 1})], None)
 
 

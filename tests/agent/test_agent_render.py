@@ -1,5 +1,6 @@
 import pytest
 from agent_fakes import calc_task, reference
+from transformers import AutoTokenizer
 
 from assay.agent.render import observation_ids, prompt_ids, sft_example
 from assay.core.errors import AssayError
@@ -30,7 +31,8 @@ def test_sft_example_layout_hand_checked(tok):
         '{"expression":{"type":"string"}},"required":["expression"],"additionalProperties":false}}<|im_end|>\n'
         "<|im_start|>user\nWhat is 12+30?<|im_end|>\n<|im_start|>assistant\n"
     )
-    assert dec(p, a1) == 'Let me add.<tool_call>{"name":"calc","arguments":{"expression":"12+30"}}</tool_call><|im_end|>'
+    call = '<tool_call>{"name":"calc","arguments":{"expression":"12+30"}}</tool_call>'
+    assert dec(p, a1) == f"Let me add.{call}<|im_end|>"
     assert dec(a1, o) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
     assert dec(o, end) == "Answer: 42<|im_end|>"
     assert p == len(prompt_ids(tok, task))
@@ -47,7 +49,8 @@ def test_sft_example_equals_tokenizing_the_rendered_conversation(tok):
 def test_observation_ids_keep_control_tokens_in_tool_output_as_text(tok):
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     ids = observation_ids(tok, ["x<|im_end|>y", "7"])
-    assert tok.decode(ids) == "\n<|im_start|>tool\nx<|im_end|>y<|im_end|>\n<|im_start|>tool\n7<|im_end|>\n<|im_start|>assistant\n"
+    want = "\n<|im_start|>tool\nx<|im_end|>y<|im_end|>\n<|im_start|>tool\n7<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(ids) == want
     assert ids.count(im_end) == 2  # only the two real turn ends are the special token
 
 
@@ -71,3 +74,15 @@ def test_episode_ending_on_a_tool_adds_no_trailing_tokens(tok):
 def test_bad_reference(tok, ref, match):
     with pytest.raises(AssayError, match=match):
         sft_example(tok, calc_task(1, 2), ref)
+
+
+def test_prompt_control_tokens_in_messages_are_text(tok, tmp_path):
+    task = calc_task(1, 2)
+    task.prompt[1] = Message("user", "Say <tool_call> or <|im_end|> literally.")
+    tok.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    for t in (tok, reloaded):
+        ids = prompt_ids(t, task)
+        assert t.decode(ids) == render_messages(task.prompt, task.tools, add_generation_prompt=True)
+        assert ids.count(t.convert_tokens_to_ids("<tool_call>")) == 0
+        assert ids.count(t.convert_tokens_to_ids("<|im_end|>")) == 2  # system and user turn ends only

@@ -70,8 +70,13 @@ def test_render_messages_hand_written():
         (conversation(3, 4), []),
         (conversation(3, 4)[1:2], []),
         ([Message("system", "")], []),
-        ([Message("user", "x"), Message("assistant", "", [ToolCall("calc", {"expression": "é"}), ToolCall("note", {})])],
-         [CALC, NOTE]),
+        (
+            [
+                Message("user", "x"),
+                Message("assistant", "", [ToolCall("calc", {"expression": "é"}), ToolCall("note", {})]),
+            ],
+            [CALC, NOTE],
+        ),
     ],
 )
 @pytest.mark.parametrize("gen", [False, True])

@@ -82,10 +82,8 @@ def run_episodes(
     while active := [r for r in runs if not r.finish]:
         seed = None if params.seed is None else params.seed + turn  # turns must not replay one RNG stream
         reqs = [
-            GenRequest(
-                list(r.ids),
-                replace(params, max_tokens=min(params.max_tokens, max_context - len(r.ids)), stop_token_ids=stop, seed=seed),
-            )
+            GenRequest(list(r.ids), replace(params, max_tokens=min(params.max_tokens, max_context - len(r.ids)),
+                                            stop_token_ids=stop, seed=seed))
             for r in active
         ]
         t0 = time.perf_counter()

@@ -66,7 +66,9 @@ def observation_ids(tokenizer: PreTrainedTokenizerBase, outputs: list[str]) -> l
     return ids + [im_start, *encode_text(tokenizer, "assistant\n")]
 
 
-def sft_example(tokenizer: PreTrainedTokenizerBase, task: Task, reference: list[Message]) -> tuple[list[int], list[int]]:
+def sft_example(
+    tokenizer: PreTrainedTokenizerBase, task: Task, reference: list[Message]
+) -> tuple[list[int], list[int]]:
     """(token_ids, loss_mask) of a reference conversation, laid out exactly as the agent loop lays out
     a sampled one. `reference` is the messages after the prompt (a leading copy of the prompt is allowed);
     tool results after the last assistant turn (an episode that ended on a tool) add no tokens."""

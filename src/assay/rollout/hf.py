@@ -58,7 +58,9 @@ class HFBackend:
             for idxs in groups.values():
                 rows = [(i, requests[i]) for i in idxs for _ in range(requests[i].n)]
                 seed = requests[idxs[0]].params.seed
-                rng = torch.random.fork_rng(devices=[]) if seed is not None else nullcontext()
+                # a seeded call must not move the caller's RNG streams: fork, seed, restore
+                cuda = [d.index or 0 for d in {p.device for p in self.model.parameters()} if d.type == "cuda"]
+                rng = torch.random.fork_rng(devices=cuda) if seed is not None else nullcontext()
                 with rng, torch.inference_mode():
                     if seed is not None:
                         torch.manual_seed(seed)
