@@ -35,13 +35,17 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
     from assay.pipeline.sync import SyncPipeline
     from assay.pipeline.ui import RunView
 
+    overrides = list(overrides or [])
+    if config is not None and "=" in str(config) and not config.exists():  # an override, not a file
+        overrides.insert(0, str(config))
+        config = None
     if resume is not None:
-        cfg = load_config(config or resume / "config.yaml", overrides or [])
+        cfg = load_config(config or resume / "config.yaml", overrides)
         run_dir = resume
     elif config is None:
         raise AssayError("assay train needs a CONFIG file or --resume runs/NAME")
     else:
-        cfg = load_config(config, overrides or [])
+        cfg = load_config(config, overrides)
         run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
     pipeline = SyncPipeline(cfg, run_dir, resume=resume is not None)
     _threads(cfg.threads, pipeline.model)

@@ -7,6 +7,8 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from assay.core.config import Config
 from assay.core.modeling import build_model, load_model
 from assay.core.tokenizer import render_messages, train_tokenizer
@@ -33,4 +35,5 @@ def build_policy(cfg: Config, envs: dict[str, Environment]) -> tuple[Any, Any]:
     if cfg.model.path:
         return load_model(cfg.model.path)
     tokenizer = train_tokenizer(reference_corpus(envs, cfg.model.tokenizer_corpus, cfg.seed), cfg.model.vocab_size)
+    torch.manual_seed(cfg.seed)  # the initial weights are part of what the seed pins
     return build_model(cfg.model, tokenizer), tokenizer

@@ -5,14 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-# ExecResult.status values: why a run ended, apart from the program's own exit code.
-EXITED = "exited"
-TIMEOUT = "timeout"
-OOM = "oom"
-PIDS = "pids"
-DISK = "disk"
-OUTPUT_TRUNCATED = "output_truncated"
-SANDBOX_ERROR = "sandbox_error"
+from assay.sandbox.status import DISK, EXITED, OOM, OUTPUT_TRUNCATED, PIDS, SANDBOX_ERROR, TIMEOUT
+
+__all__ = ["DISK", "EXITED", "OOM", "OUTPUT_TRUNCATED", "PIDS", "SANDBOX_ERROR", "TIMEOUT", "ExecResult", "Limits",
+           "Sandbox"]
 
 
 @dataclass
