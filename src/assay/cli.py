@@ -133,6 +133,9 @@ def quickstart(overrides: Overrides = None,
 
 
 def main() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bars say what is happening
     try:
         app()
     except AssayError as e:

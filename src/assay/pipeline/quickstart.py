@@ -74,6 +74,7 @@ def run_quickstart(cfg: Config, console: Console | None = None) -> list[dict[str
         policy = run_sft(cfg, sft_dir, view)
     console.print("[bold]2/5[/] evaluating the SFT policy on held-out tasks")
     before = evaluate_policy(cfg, policy)
+    console.print("   " + "  ".join(f"{name}: pass@1 {r.pass_at[1]}" for name, r in before.items()))
     rl_cfg = cfg.model_copy(deep=True)
     rl_cfg.model.path = str(policy)
     console.print(f"[bold]3/5[/] RL: {cfg.train.steps} steps over {', '.join(d.name for d in cfg.domains)}")

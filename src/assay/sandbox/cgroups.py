@@ -10,13 +10,14 @@ import os
 import time
 from dataclasses import dataclass
 
-ROOT = "/sys/fs/cgroup"
+ROOT = "/sys/fs/cgroup"  # the launcher moves it to its own view
 PARENT = "assay"
+CONTROLLERS = ("memory", "pids")
 
 
 def available() -> bool:
     try:
-        for ctl in ("memory", "pids"):
+        for ctl in CONTROLLERS:
             os.makedirs(f"{ROOT}/{ctl}/{PARENT}", exist_ok=True)
         return True
     except OSError:
@@ -46,16 +47,18 @@ class RunCgroup:
     pids: str
 
     @classmethod
-    def create(cls, name: str, memory_bytes: int, max_pids: int) -> RunCgroup:
+    def create(cls, name: str) -> RunCgroup:
         cg = cls(f"{ROOT}/memory/{PARENT}/{name}", f"{ROOT}/pids/{PARENT}/{name}")
         cg.remove()  # a leftover from a crashed run under a recycled pid
         os.mkdir(cg.memory)
         os.mkdir(cg.pids)
-        _write(f"{cg.memory}/memory.limit_in_bytes", str(memory_bytes))
-        if os.path.exists(f"{cg.memory}/memory.memsw.limit_in_bytes"):  # swap counts too, where accounted
-            _write(f"{cg.memory}/memory.memsw.limit_in_bytes", str(memory_bytes))
-        _write(f"{cg.pids}/pids.max", str(max_pids))
         return cg
+
+    def limit(self, memory_bytes: int, max_pids: int) -> None:
+        _write(f"{self.memory}/memory.limit_in_bytes", str(memory_bytes))
+        if os.path.exists(f"{self.memory}/memory.memsw.limit_in_bytes"):  # swap counts too, where accounted
+            _write(f"{self.memory}/memory.memsw.limit_in_bytes", str(memory_bytes))
+        _write(f"{self.pids}/pids.max", str(max_pids))
 
     def join(self) -> None:
         """Move the calling process (and so all it will fork) into this cgroup."""
@@ -78,3 +81,20 @@ class RunCgroup:
                     break
                 except OSError:
                     time.sleep(0.001)
+
+
+def sweep() -> None:
+    """Remove the cgroups of launchers that are gone (named launcher-worker); busy ones refuse rmdir."""
+    for ctl in CONTROLLERS:
+        parent = f"{ROOT}/{ctl}/{PARENT}"
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            launcher = name.split("-")[0]
+            if launcher.isdigit() and not os.path.exists(f"/proc/{launcher}"):
+                try:
+                    os.rmdir(f"{parent}/{name}")
+                except OSError:
+                    pass

@@ -17,9 +17,9 @@ import sys
 
 from assay.sandbox import cgroups, jail, kernel, protocol
 
-# Host files a program may need, shared read-only; the rest of /etc (shadow, keys, configs) stays out.
-ETC_SHARED = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "mime.types", "ssl",
-              "protocols", "services")
+# Host files a program may need, copied; the rest of /etc (shadow, keys, configs) stays out.
+ETC_SHARED = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "mime.types", "protocols",
+              "services")
 ETC_OWN = {
     "passwd": f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{jail.INSIDE_ID}:{jail.INSIDE_ID}::/workspace:/bin/sh\n"
               "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
@@ -39,10 +39,24 @@ def _bind_ro(src: str, dst: str) -> None:
     kernel.mount(None, dst, None, _RO_BIND)
 
 
+def _copy(src: str, dst: str) -> None:
+    """Copy small host files, links and directories of them (a few /etc entries)."""
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+    elif os.path.isdir(src):
+        os.mkdir(dst, 0o755)
+        for name in os.listdir(src):
+            _copy(f"{src}/{name}", f"{dst}/{name}")
+    elif os.path.isfile(src):
+        with open(src, "rb") as fin, open(dst, "wb") as fout:
+            fout.write(fin.read())
+        os.chmod(dst, 0o644)
+
+
 def build_root(root: str) -> None:
     """The sandbox's root filesystem: /usr and a few /etc files of the host, read-only; a minimal /dev;
     mount points for /proc, /tmp and /workspace, which each run mounts afresh."""
-    kernel.mount("tmpfs", root, "tmpfs", kernel.MS_NOSUID, "mode=0755,size=1m")
+    kernel.mount("tmpfs", root, "tmpfs", kernel.MS_NOSUID, "mode=0755,size=4m")
     for d in ("usr", "etc", "dev", "proc", "tmp", "workspace"):
         os.mkdir(f"{root}/{d}", 0o755)
     _bind_ro("/usr", f"{root}/usr")
@@ -56,14 +70,8 @@ def build_root(root: str) -> None:
         with open(f"{root}/etc/{name}", "w") as f:
             f.write(text)
     for name in ETC_SHARED:
-        src, dst = f"/etc/{name}", f"{root}/etc/{name}"
-        if os.path.isdir(src) and not os.path.islink(src):
-            os.mkdir(dst)
-        elif os.path.exists(src):
-            open(dst, "w").close()
-        else:
-            continue
-        _bind_ro(src, dst)
+        if os.path.lexists(f"/etc/{name}"):
+            _copy(f"/etc/{name}", f"{root}/etc/{name}")
     for name, (major, minor) in DEVICES.items():
         os.mknod(f"{root}/dev/{name}", 0o666 | 0o020000, os.makedev(major, minor))  # S_IFCHR
         os.chmod(f"{root}/dev/{name}", 0o666)
@@ -72,19 +80,46 @@ def build_root(root: str) -> None:
     kernel.mount(None, root, None, kernel.MS_REMOUNT | kernel.MS_RDONLY | kernel.MS_NOSUID)
 
 
-def _setup(run_dir: str) -> tuple[socket.socket, str, bool]:
+IDLE_WORKERS = 4  # staged ahead of demand: a request finds its namespaces already made
+
+
+def _setup(run_dir: str) -> tuple[socket.socket, socket.socket, bool]:
+    """Build the store (a private tmpfs), then pivot into it: from here on the launcher, and every worker it
+    forks, sees only the sandbox root, the workspace volumes, templates, its own /proc and the cgroup trees."""
     store = f"{run_dir}/store"
     kernel.unshare(kernel.CLONE_NEWNS)
     kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)  # nothing we mount reaches the host
     os.makedirs(store, mode=0o700, exist_ok=True)
     kernel.mount("tmpfs", store, "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV, "mode=0700")
-    for d in ("root", "v", "t", "empty"):
+    for d in ("root", "v", "t", "empty", "proc", "cg"):
         os.mkdir(f"{store}/{d}", 0o755)
     build_root(f"{store}/root")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(f"{run_dir}/sock")
-    sock.listen(512)
-    return sock, store, cgroups.available()
+    kernel.mount("tmpfs", f"{store}/v", "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV, "mode=0755,size=1m")
+    kernel.mount(None, f"{store}/v", None, kernel.MS_SHARED)  # staged workers see volumes mounted later
+    kernel.mount("proc", f"{store}/proc", "proc", kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC)
+    use_cgroups = cgroups.available()
+    if use_cgroups:
+        cgroups.sweep()
+        for ctl in cgroups.CONTROLLERS:
+            os.mkdir(f"{store}/cg/{ctl}")
+            kernel.mount(f"{cgroups.ROOT}/{ctl}", f"{store}/cg/{ctl}", None, kernel.MS_BIND)
+    socks = []
+    for name in ("exec.sock", "ctl.sock"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(f"{run_dir}/{name}")
+        sock.listen(512)
+        socks.append(sock)
+    os.chdir(store)
+    kernel.pivot_root(".", ".")
+    kernel.umount(".")
+    os.chdir("/")
+    cgroups.ROOT = "/cg"
+    return socks[0], socks[1], use_cgroups
+
+
+def _peer_ok(conn: socket.socket) -> bool:  # the socket's directory is root-only already; belt and braces
+    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return uid == os.getuid()
 
 
 def main(run_dir: str) -> None:
@@ -93,47 +128,84 @@ def main(run_dir: str) -> None:
         print(f"error: unsupported CPU architecture {kernel.ARCH} (the seccomp filter knows x86_64 and aarch64)",
               flush=True)
         return
+    devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        sock, store, use_cgroups = _setup(run_dir)
+        exec_sock, ctl_sock, use_cgroups = _setup(run_dir)
     except OSError as e:
         print(f"error: {e}", flush=True)
         return
     print(f"ready cgroups={int(use_cgroups)}", flush=True)
-    devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # nobody reads our stdout past the ready line
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    poller.register(0, select.POLLIN)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps our workers
+    notify_r, notify_w = os.pipe()  # a worker that took a request asks for its replacement here
     me = os.getpid()
+
+    def spawn_worker() -> None:
+        if os.fork() != 0:
+            return
+        try:
+            ctl_sock.close()
+            os.close(notify_r)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() == me:
+                _work(exec_sock, notify_w, use_cgroups)
+        finally:
+            os._exit(0)
+
+    for _ in range(IDLE_WORKERS):
+        spawn_worker()
+    poller = select.poll()
+    for fd in (0, ctl_sock.fileno(), notify_r):
+        poller.register(fd, select.POLLIN)
     while True:
         for fd, _ in poller.poll():
             if fd == 0 and not os.read(0, 1):
-                return  # the host is gone
-            if fd != sock.fileno():
-                continue
-            conn, _ = sock.accept()
-            _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-            if uid == os.getuid() and os.fork() == 0:
-                sock.close()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
-                if os.getppid() == me:
-                    _serve(conn, store, use_cgroups)
-                os._exit(0)
-            conn.close()
+                return  # the host is gone (or shut us down); workers die with us
+            if fd == notify_r:
+                for _ in os.read(notify_r, 256):
+                    spawn_worker()
+            elif fd == ctl_sock.fileno():
+                conn, _ = ctl_sock.accept()
+                with conn:
+                    if _peer_ok(conn):
+                        _control(conn)
 
 
-def _serve(conn: socket.socket, store: str, use_cgroups: bool) -> None:
+def _work(exec_sock: socket.socket, notify_w: int, use_cgroups: bool) -> None:
+    """A worker: stage a run, take one request, ask for a replacement, serve it."""
+    staged, problem = None, None
+    try:
+        staged = jail.stage(use_cgroups, (exec_sock.fileno(), notify_w))
+    except Exception as e:  # noqa: BLE001 - reported to whoever asks next
+        problem = f"sandbox setup failed: {type(e).__name__}: {e}"
+    while True:
+        conn, _ = exec_sock.accept()
+        if _peer_ok(conn):
+            break
+        conn.close()
+    os.write(notify_w, b"w")
+    exec_sock.close()
     try:
         req, blobs = protocol.recv(conn)
-        if req["op"] == "exec":
-            jail.run(conn, store, req, blobs, use_cgroups)
-            return
+        if problem is not None or staged is None:
+            raise RuntimeError(problem)
+        jail.serve(conn, staged, req, blobs)
+    except Exception as e:  # noqa: BLE001 - the host gets every failure as an answer
+        try:
+            conn.sendall(protocol.encode({"error": f"{type(e).__name__}: {e}"}))
+        except OSError:
+            pass
+
+
+def _control(conn: socket.socket) -> None:
+    """Small requests the launcher answers itself: release a volume, store a template, ping."""
+    try:
+        req, blobs = protocol.recv(conn)
         if req["op"] == "release":
-            release_volume(store, req["volume"])
+            release_volume(req["volume"])
         elif req["op"] == "template":
-            copy_template(req["src"], f"{store}/t/{req['name']}")
+            write_template(req["name"], req["entries"], blobs)
         conn.sendall(protocol.encode({"ok": True}))
     except Exception as e:  # noqa: BLE001 - the host gets every failure as an answer
         try:
@@ -142,41 +214,41 @@ def _serve(conn: socket.socket, store: str, use_cgroups: bool) -> None:
             pass
 
 
-def release_volume(store: str, name: str) -> None:
-    if not jail._NAME.fullmatch(name):
+def release_volume(name: str) -> None:
+    if not jail.NAME.fullmatch(name):
         raise ValueError(f"bad volume name {name!r}")
-    path = f"{store}/v/{name}"
+    path = f"/v/{name}"
     if os.path.isdir(path):
         if os.path.ismount(path):
             kernel.umount(path)
         os.rmdir(path)
 
 
-def copy_template(src: str, dst: str) -> None:
-    """Copy a template directory into a read-only layer owned by the sandbox user, once per template:
-    setuid/setgid bits, devices, fifos and sockets are left out."""
-    if not jail._NAME.fullmatch(os.path.basename(dst)):
-        raise ValueError(f"bad template name {dst!r}")
+def write_template(name: str, entries: list[list], blobs: list[bytes]) -> None:
+    """Store a template (sent by the host, which read it) as a read-only layer owned by the sandbox user."""
+    if not jail.NAME.fullmatch(name):
+        raise ValueError(f"bad template name {name!r}")
+    dst = f"/t/{name}"
     if os.path.isdir(dst):
         return
     tmp = f"{dst}.{os.getpid()}"
-    for top, dirs, files in os.walk(src):
-        out = os.path.join(tmp, os.path.relpath(top, src))
-        os.makedirs(out, exist_ok=True)
-        os.chmod(out, os.stat(top).st_mode & 0o1777)
-        os.chown(out, jail.HOST_ID, jail.HOST_ID)
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
-            s, d = os.path.join(top, name), os.path.join(out, name)
-            st = os.lstat(s)
-            if os.path.islink(s):
-                os.symlink(os.readlink(s), d)
-            elif os.path.isfile(s):
-                with open(s, "rb") as fin, open(d, "wb") as fout:
-                    fout.write(fin.read())
-                os.chmod(d, st.st_mode & 0o777)
-            else:
-                continue
-            os.chown(d, jail.HOST_ID, jail.HOST_ID, follow_symlinks=False)
+    os.mkdir(tmp, 0o755)
+    os.chown(tmp, jail.HOST_ID, jail.HOST_ID)
+    data = iter(blobs)
+    for rel, kind, mode, target in entries:
+        path = os.path.join(tmp, rel)
+        if ".." in rel.split("/") or rel.startswith("/"):
+            raise ValueError(f"bad template path {rel!r}")
+        if kind == "d":
+            os.mkdir(path, mode & 0o1777)
+        elif kind == "l":
+            os.symlink(target, path)
+        else:
+            with open(path, "wb") as f:
+                f.write(next(data))
+        if kind != "l":
+            os.chmod(path, mode & (0o1777 if kind == "d" else 0o777))  # never setuid or setgid
+        os.chown(path, jail.HOST_ID, jail.HOST_ID, follow_symlinks=False)
     os.rename(tmp, dst)
 
 

@@ -1,0 +1,133 @@
+"""The host's handle on its sandbox launcher: started on first use, restarted if it died, one Unix-socket
+connection per request (sync or asyncio). Closing a connection early cancels that run."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import itertools
+import os
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from assay.core.errors import AssayError
+from assay.sandbox import protocol
+
+# The launcher imports only stdlib and its own sandbox modules; registering the two packages by path skips
+# assay/__init__.py and assay/sandbox/__init__.py, which may import heavier things.
+_BOOTSTRAP = """
+import sys, types
+src, run_dir = sys.argv[1], sys.argv[2]
+for name in ("assay", "assay.sandbox"):
+    pkg = types.ModuleType(name)
+    pkg.__path__ = [src + "/" + name.replace(".", "/")]
+    sys.modules[name] = pkg
+from assay.sandbox.launcher import main
+main(run_dir)
+"""
+_SRC = str(Path(__file__).resolve().parents[2])
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # nothing of the host's environment
+START_TIMEOUT_S = 15.0
+
+
+class SandboxUnavailable(AssayError):
+    """Isolation does not work on this host."""
+
+
+class Launcher:
+    _generations = itertools.count(1)
+
+    def __init__(self) -> None:
+        self.generation = next(self._generations)
+        self.owner = os.getpid()
+        self.dir = tempfile.mkdtemp(prefix="assay-sandbox-")  # mode 0700: only we reach the socket
+        self.exec_path, self.ctl_path = f"{self.dir}/exec.sock", f"{self.dir}/ctl.sock"
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOTSTRAP, _SRC, self.dir], env=_ENV,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        line = self._first_line()
+        if not line.startswith("ready"):
+            self.close()
+            raise SandboxUnavailable(line.removeprefix("error: ") or "the sandbox launcher exited at start")
+        self.cgroups = "cgroups=1" in line
+
+    def _first_line(self) -> str:
+        assert self.proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(START_TIMEOUT_S):
+                return "error: the sandbox launcher did not start in time"
+        return self.proc.stdout.readline().decode(errors="replace").strip()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def request(self, header: dict, blobs: Sequence[bytes] = (), timeout: float | None = None,
+                ) -> tuple[dict, list[bytes]]:
+        """Send a request (an exec goes to a staged worker, anything else to the launcher) and wait."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(self.exec_path if header["op"] == "exec" else self.ctl_path)
+            s.sendall(protocol.encode(header, blobs))
+            return protocol.recv(s)
+
+    async def arequest(self, header: dict, blobs: Sequence[bytes] = (), timeout: float | None = None,
+                       ) -> tuple[dict, list[bytes]]:
+        path = self.exec_path if header["op"] == "exec" else self.ctl_path
+        reader, writer = await asyncio.open_unix_connection(path, limit=1 << 20)
+        try:
+            writer.write(protocol.encode(header, blobs))
+            await writer.drain()
+            return await asyncio.wait_for(_arecv(reader), timeout)
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()  # the launcher exits at EOF, and its workers with it
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def _arecv(reader: asyncio.StreamReader) -> tuple[dict, list[bytes]]:
+    (n,) = protocol._LEN.unpack(await reader.readexactly(4))
+    header = protocol.json.loads(await reader.readexactly(n))
+    return header, protocol.split(header, await reader.readexactly(sum(header["blobs"])))
+
+
+_current: Launcher | None = None
+_lock = threading.Lock()
+
+
+def get_launcher() -> Launcher:
+    """This process's launcher, started (or restarted after a crash, or after a fork) as needed."""
+    global _current
+    with _lock:
+        if _current is None or _current.owner != os.getpid() or not _current.alive():
+            if _current is not None and _current.owner == os.getpid():
+                _current.close()
+            _current = Launcher()
+        return _current
+
+
+def shutdown() -> None:
+    global _current
+    with _lock:
+        if _current is not None and _current.owner == os.getpid():
+            _current.close()
+        _current = None
+
+
+atexit.register(shutdown)
