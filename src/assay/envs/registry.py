@@ -51,7 +51,6 @@ def _load() -> None:
     global _loaded
     if _loaded:
         return
-    _loaded = True
     importlib.import_module("assay.envs.builtin")
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
@@ -61,6 +60,7 @@ def _load() -> None:
         if not isinstance(cls, type):
             raise AssayError(f"environment plugin {ep.name!r} ({ep.value}) must name an Environment class")
         register(cls)
+    _loaded = True  # only once everything loaded: a broken plugin keeps failing loudly, not silently vanishing
 
 
 def _version_key(version: str) -> tuple[tuple[int, Any], ...]:

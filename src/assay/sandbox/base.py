@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from assay.core.errors import ConfigError
 from assay.sandbox.status import DISK, EXITED, OOM, OUTPUT_TRUNCATED, PIDS, SANDBOX_ERROR, TIMEOUT
 
 __all__ = ["DISK", "EXITED", "OOM", "OUTPUT_TRUNCATED", "PIDS", "SANDBOX_ERROR", "TIMEOUT", "ExecResult", "Limits",
@@ -19,7 +20,13 @@ class Limits:
     max_procs: int = 64
     file_size_mb: int = 16
     open_files: int = 256
-    output_bytes: int = 64 * 1024
+    output_bytes: int = 64 * 1024  # per stream; beyond it the status is output_truncated
+    workspace_mb: int = 256  # all bytes the sandbox's files may hold (its workspace layers; /tmp has as much again)
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not value > 0:
+                raise ConfigError(f"sandbox limit {name} must be positive, got {value!r}")
 
 
 @dataclass
@@ -36,8 +43,19 @@ class ExecResult:
 
 
 class Sandbox(Protocol):
+    """Paths are relative to the workspace. `snapshot()` returns an opaque value only `restore` (and, for the
+    namespace sandbox, a new sandbox's `template`) understands."""
+
     def exec(self, cmd: list[str] | str, stdin: str | None = None, timeout: float | None = None) -> ExecResult: ...
     def write_file(self, path: str, data: bytes | str) -> None: ...
     def read_file(self, path: str) -> bytes: ...
     def run_python(self, code: str, stdin: str | None = None, timeout: float | None = None) -> ExecResult: ...
+    def snapshot(self) -> object: ...
+    def restore(self, snap: object) -> None: ...
     def close(self) -> None: ...
+    async def aexec(self, cmd: list[str] | str, stdin: str | None = None, timeout: float | None = None,
+                    ) -> ExecResult: ...
+    async def arun_python(self, code: str, stdin: str | None = None, timeout: float | None = None,
+                          ) -> ExecResult: ...
+    async def awrite_file(self, path: str, data: bytes | str) -> None: ...
+    async def aread_file(self, path: str) -> bytes: ...

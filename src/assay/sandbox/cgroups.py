@@ -1,5 +1,6 @@
-"""One cgroup (v1 memory + pids) per sandboxed run: a hard cap on the whole process tree's memory and process
-count, and the counters that tell an OOM kill or a refused fork apart from the program's own exit. Stdlib only.
+"""One cgroup (v1 memory + pids) per sandbox: a hard cap on the memory (tmpfs workspace included) and the
+number of processes of everything a run starts, and the counters that tell an OOM kill or a refused fork apart
+from the program's own exit. Stdlib only.
 
 Where cgroup v1 is missing (cgroup v2-only hosts, containers without the controllers) the jail falls back to
 rlimits, which cap each process instead of the tree."""
@@ -7,10 +8,8 @@ rlimits, which cap each process instead of the tree."""
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import dataclass
 
-ROOT = "/sys/fs/cgroup"  # the launcher moves it to its own view
+ROOT = "/sys/fs/cgroup"  # the launcher moves it into its own view
 PARENT = "assay"
 CONTROLLERS = ("memory", "pids")
 
@@ -24,77 +23,76 @@ def available() -> bool:
         return False
 
 
+def _path(ctl: str, name: str) -> str:
+    return f"{ROOT}/{ctl}/{PARENT}/{name}"
+
+
 def _write(path: str, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
 
 
-def _counter(path: str, key: str) -> int:
+def create(name: str, memory_bytes: int, max_pids: int) -> None:
+    for ctl in CONTROLLERS:
+        os.makedirs(_path(ctl, name), exist_ok=True)
+    mem = _path("memory", name)
+    _write(f"{mem}/memory.limit_in_bytes", str(memory_bytes))
+    if os.path.exists(f"{mem}/memory.memsw.limit_in_bytes"):  # swap counts too, where it is accounted
+        _write(f"{mem}/memory.memsw.limit_in_bytes", str(memory_bytes))
+    _write(f"{_path('pids', name)}/pids.max", str(max_pids))
+
+
+def join(name: str) -> None:
+    """Move the calling process (and so all it will fork) into the sandbox's cgroup."""
+    for ctl in CONTROLLERS:
+        _write(f"{_path(ctl, name)}/cgroup.procs", "0")
+
+
+def remove(name: str) -> bool:
+    """False while a run is still inside (try again later)."""
     try:
-        with open(path) as f:
-            for line in f:
-                name, _, value = line.partition(" ")
-                if name == key:
-                    return int(value)
+        for ctl in CONTROLLERS:
+            if os.path.isdir(_path(ctl, name)):
+                os.rmdir(_path(ctl, name))
+        return True
     except OSError:
-        pass
-    return 0
-
-
-@dataclass
-class RunCgroup:
-    memory: str
-    pids: str
-
-    @classmethod
-    def create(cls, name: str) -> RunCgroup:
-        cg = cls(f"{ROOT}/memory/{PARENT}/{name}", f"{ROOT}/pids/{PARENT}/{name}")
-        cg.remove()  # a leftover from a crashed run under a recycled pid
-        os.mkdir(cg.memory)
-        os.mkdir(cg.pids)
-        return cg
-
-    def limit(self, memory_bytes: int, max_pids: int) -> None:
-        _write(f"{self.memory}/memory.limit_in_bytes", str(memory_bytes))
-        if os.path.exists(f"{self.memory}/memory.memsw.limit_in_bytes"):  # swap counts too, where accounted
-            _write(f"{self.memory}/memory.memsw.limit_in_bytes", str(memory_bytes))
-        _write(f"{self.pids}/pids.max", str(max_pids))
-
-    def join(self) -> None:
-        """Move the calling process (and so all it will fork) into this cgroup."""
-        _write(f"{self.memory}/cgroup.procs", "0")
-        _write(f"{self.pids}/cgroup.procs", "0")
-
-    def oom_killed(self) -> bool:
-        return _counter(f"{self.memory}/memory.oom_control", "oom_kill") > 0
-
-    def pids_refused(self) -> bool:
-        return _counter(f"{self.pids}/pids.events", "max") > 0
-
-    def remove(self) -> None:
-        for path in (self.memory, self.pids):
-            for _ in range(50):  # the last exiting task may still be on its way out
-                try:
-                    os.rmdir(path)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.001)
+        return False
 
 
 def sweep() -> None:
-    """Remove the cgroups of launchers that are gone (named launcher-worker); busy ones refuse rmdir."""
+    """Remove the cgroups of launchers that are gone (named launcherpid-volume)."""
     for ctl in CONTROLLERS:
-        parent = f"{ROOT}/{ctl}/{PARENT}"
         try:
-            names = os.listdir(parent)
+            names = os.listdir(f"{ROOT}/{ctl}/{PARENT}")
         except OSError:
             continue
         for name in names:
             launcher = name.split("-")[0]
             if launcher.isdigit() and not os.path.exists(f"/proc/{launcher}"):
-                try:
-                    os.rmdir(f"{parent}/{name}")
-                except OSError:
-                    pass
+                remove(name)
+
+
+class Counters:
+    """The sandbox's OOM kills and refused forks, read at the start of a run and again at its end. Opened while
+    their paths are in sight: a run reads them after it has pivoted away."""
+
+    def __init__(self, name: str) -> None:
+        self._oom = os.open(f"{_path('memory', name)}/memory.oom_control", os.O_RDONLY)
+        self._pids = os.open(f"{_path('pids', name)}/pids.events", os.O_RDONLY)
+        self._start = self._read()
+
+    def _read(self) -> tuple[int, int]:
+        return _counter(self._oom, "oom_kill"), _counter(self._pids, "max")
+
+    def breaches(self) -> tuple[bool, bool]:
+        """(an OOM kill, a refused fork) since the start."""
+        now = self._read()
+        return now[0] > self._start[0], now[1] > self._start[1]
+
+
+def _counter(fd: int, key: str) -> int:
+    for line in os.pread(fd, 4096, 0).decode().splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0

@@ -69,23 +69,36 @@ class Launcher:
         return self.proc.poll() is None
 
     def request(self, header: dict, blobs: Sequence[bytes] = (), timeout: float | None = None,
-                ) -> tuple[dict, list[bytes]]:
-        """Send a request (an exec goes to a staged worker, anything else to the launcher) and wait."""
+                track: set | None = None) -> tuple[dict, list[bytes]]:
+        """Send a request (an exec goes to a staged worker, anything else to the launcher) and wait. While it
+        is in flight its socket sits in `track`: shutting that down cancels the run."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(self.exec_path if header["op"] == "exec" else self.ctl_path)
-            s.sendall(protocol.encode(header, blobs))
-            return protocol.recv(s)
+            if track is not None:
+                track.add(s)
+            try:
+                s.settimeout(timeout)
+                s.connect(self.exec_path if header["op"] == "exec" else self.ctl_path)
+                s.sendall(protocol.encode(header, blobs))
+                return protocol.recv(s)
+            finally:
+                if track is not None:
+                    track.discard(s)
 
     async def arequest(self, header: dict, blobs: Sequence[bytes] = (), timeout: float | None = None,
-                       ) -> tuple[dict, list[bytes]]:
+                       track: set | None = None) -> tuple[dict, list[bytes]]:
+        """`request` for asyncio; cancelling the task cancels the run."""
         path = self.exec_path if header["op"] == "exec" else self.ctl_path
         reader, writer = await asyncio.open_unix_connection(path, limit=1 << 20)
+        sock = writer.get_extra_info("socket")
+        if track is not None:
+            track.add(sock)
         try:
             writer.write(protocol.encode(header, blobs))
             await writer.drain()
             return await asyncio.wait_for(_arecv(reader), timeout)
         finally:
+            if track is not None:
+                track.discard(sock)
             writer.close()
 
     def close(self) -> None:

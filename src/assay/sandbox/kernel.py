@@ -67,6 +67,10 @@ def unshare(flags: int) -> None:
     _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
 
 
+def setns(fd: int, nstype: int) -> None:
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+
+
 def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
     _check(_libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data)), f"mount {target}")
 
@@ -90,6 +94,17 @@ def prctl(option: int, arg2: int | ctypes.c_void_p = 0, arg3: int = 0) -> None:
            f"prctl({option})")
 
 
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except OSError:
+        return 63
+
+
+_LAST_CAP = _last_cap()
+
+
 class _CapHeader(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
@@ -100,7 +115,7 @@ class _CapData(ctypes.Structure):
 
 def drop_capabilities() -> None:
     """Empty every capability set: bounding, ambient, then effective/permitted/inheritable."""
-    for cap in range(64):
+    for cap in range(_LAST_CAP + 1):
         if _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) != 0 and ctypes.get_errno() != 22:
             _check(-1, f"drop capability {cap}")  # EINVAL just means the kernel has no such capability
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)

@@ -80,7 +80,8 @@ def build_root(root: str) -> None:
     kernel.mount(None, root, None, kernel.MS_REMOUNT | kernel.MS_RDONLY | kernel.MS_NOSUID)
 
 
-IDLE_WORKERS = 4  # staged ahead of demand: a request finds its namespaces already made
+IDLE_WORKERS = 6  # staged ahead of demand: a request finds its namespaces already made
+STAGING_NICE = 5  # a spare being staged yields to the runs being served (a worker undoes it when it serves)
 
 
 def _setup(run_dir: str) -> tuple[socket.socket, socket.socket, bool]:
@@ -122,6 +123,50 @@ def _peer_ok(conn: socket.socket) -> bool:  # the socket's directory is root-onl
     return uid == os.getuid()
 
 
+class _Sandboxes:
+    """Per sandbox: its volume (tmpfs, mounted under /v), network namespace (an open fd) and cgroup."""
+
+    def __init__(self, use_cgroups: bool) -> None:
+        self.use_cgroups = use_cgroups
+        self.host_net = os.open("/proc/self/ns/net", os.O_RDONLY)
+        self.netns: dict[str, int] = {}
+        self.stale_cgroups: set[str] = set()  # still held by a dying run: removed on a later pass
+
+    def make(self, name: str, size_mb: int, memory_mb: int, max_procs: int) -> dict:
+        if not jail.NAME.fullmatch(name) or name in self.netns:
+            raise ValueError(f"bad or duplicate sandbox name {name!r}")
+        os.mkdir(f"/v/{name}")  # staged workers see the mount through propagation
+        kernel.mount("tmpfs", f"/v/{name}", "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV,
+                     jail.tmpfs_options(size_mb, "0755"))
+        kernel.unshare(kernel.CLONE_NEWNET)  # made here, once per sandbox: cheaper than once per run
+        try:
+            jail.loopback_up()
+            self.netns[name] = os.open("/proc/self/ns/net", os.O_RDONLY)
+        finally:
+            kernel.setns(self.host_net, kernel.CLONE_NEWNET)
+        cgroup = None
+        if self.use_cgroups:
+            cgroup = f"{os.getpid()}-{name}"
+            cgroups.create(cgroup, memory_mb << 20, max_procs + 1)  # +1: the run's pid 1
+        return {"netns": self.netns[name], "cgroup": cgroup}
+
+    def release(self, name: str) -> None:
+        if not jail.NAME.fullmatch(name):
+            raise ValueError(f"bad sandbox name {name!r}")
+        if os.path.ismount(f"/v/{name}"):
+            kernel.umount(f"/v/{name}")
+        if os.path.isdir(f"/v/{name}"):
+            os.rmdir(f"/v/{name}")
+        if name in self.netns:
+            os.close(self.netns.pop(name))
+        if self.use_cgroups:
+            self.stale_cgroups.add(f"{os.getpid()}-{name}")
+            self.sweep()
+
+    def sweep(self) -> None:
+        self.stale_cgroups = {name for name in self.stale_cgroups if not cgroups.remove(name)}
+
+
 def main(run_dir: str) -> None:
     os.umask(0o022)
     if not kernel.SYSCALLS:
@@ -131,6 +176,8 @@ def main(run_dir: str) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         exec_sock, ctl_sock, use_cgroups = _setup(run_dir)
+        sandboxes = _Sandboxes(use_cgroups)
+        own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
     except OSError as e:
         print(f"error: {e}", flush=True)
         return
@@ -141,17 +188,18 @@ def main(run_dir: str) -> None:
     me = os.getpid()
 
     def spawn_worker() -> None:
-        if os.fork() != 0:
-            return
-        try:
-            ctl_sock.close()
-            os.close(notify_r)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() == me:
-                _work(exec_sock, notify_w, use_cgroups)
-        finally:
-            os._exit(0)
+        kernel.unshare(kernel.CLONE_NEWPID)  # our next child is pid 1 of a new PID namespace...
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ctl_sock.close()
+                os.close(notify_r)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.nice(STAGING_NICE)
+                jail.worker(exec_sock, notify_w, me)
+            finally:
+                os._exit(0)
+        kernel.setns(own_pidns, kernel.CLONE_NEWPID)  # ...and the one after that of another
 
     for _ in range(IDLE_WORKERS):
         spawn_worker()
@@ -159,7 +207,7 @@ def main(run_dir: str) -> None:
     for fd in (0, ctl_sock.fileno(), notify_r):
         poller.register(fd, select.POLLIN)
     while True:
-        for fd, _ in poller.poll():
+        for fd, _ in poller.poll(1000 if sandboxes.stale_cgroups else None):
             if fd == 0 and not os.read(0, 1):
                 return  # the host is gone (or shut us down); workers die with us
             if fd == notify_r:
@@ -169,59 +217,27 @@ def main(run_dir: str) -> None:
                 conn, _ = ctl_sock.accept()
                 with conn:
                     if _peer_ok(conn):
-                        _control(conn)
+                        _control(conn, sandboxes)
+        sandboxes.sweep()
 
 
-def _work(exec_sock: socket.socket, notify_w: int, use_cgroups: bool) -> None:
-    """A worker: stage a run, take one request, ask for a replacement, serve it."""
-    staged, problem = None, None
-    try:
-        staged = jail.stage(use_cgroups, (exec_sock.fileno(), notify_w))
-    except Exception as e:  # noqa: BLE001 - reported to whoever asks next
-        problem = f"sandbox setup failed: {type(e).__name__}: {e}"
-    while True:
-        conn, _ = exec_sock.accept()
-        if _peer_ok(conn):
-            break
-        conn.close()
-    os.write(notify_w, b"w")
-    exec_sock.close()
+def _control(conn: socket.socket, sandboxes: _Sandboxes) -> None:
+    """Small requests the launcher answers itself: make or release a sandbox, store a template, ping."""
     try:
         req, blobs = protocol.recv(conn)
-        if problem is not None or staged is None:
-            raise RuntimeError(problem)
-        jail.serve(conn, staged, req, blobs)
-    except Exception as e:  # noqa: BLE001 - the host gets every failure as an answer
-        try:
-            conn.sendall(protocol.encode({"error": f"{type(e).__name__}: {e}"}))
-        except OSError:
-            pass
-
-
-def _control(conn: socket.socket) -> None:
-    """Small requests the launcher answers itself: release a volume, store a template, ping."""
-    try:
-        req, blobs = protocol.recv(conn)
-        if req["op"] == "release":
-            release_volume(req["volume"])
+        reply: dict = {"ok": True}
+        if req["op"] == "sandbox":
+            reply = sandboxes.make(req["name"], req["size_mb"], req["memory_mb"], req["max_procs"])
+        elif req["op"] == "release":
+            sandboxes.release(req["name"])
         elif req["op"] == "template":
             write_template(req["name"], req["entries"], blobs)
-        conn.sendall(protocol.encode({"ok": True}))
+        conn.sendall(protocol.encode(reply))
     except Exception as e:  # noqa: BLE001 - the host gets every failure as an answer
         try:
             conn.sendall(protocol.encode({"error": f"{type(e).__name__}: {e}"}))
         except OSError:
             pass
-
-
-def release_volume(name: str) -> None:
-    if not jail.NAME.fullmatch(name):
-        raise ValueError(f"bad volume name {name!r}")
-    path = f"/v/{name}"
-    if os.path.isdir(path):
-        if os.path.ismount(path):
-            kernel.umount(path)
-        os.rmdir(path)
 
 
 def write_template(name: str, entries: list[list], blobs: list[bytes]) -> None:

@@ -4,6 +4,7 @@ untrusted code; this one stays as the fallback behind an explicit opt-in."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
 import shutil
@@ -24,6 +25,7 @@ class ProcessSandbox:
     def __init__(self, limits: Limits | None = None, template: Path | None = None) -> None:
         self.limits = limits or Limits()
         self.workspace = Path(tempfile.mkdtemp(prefix="assay-sbx-"))
+        self._snapshots: list[Path] = []
         if template is not None:
             shutil.copytree(template, self.workspace, dirs_exist_ok=True)
 
@@ -87,10 +89,36 @@ class ProcessSandbox:
         self.write_file("main.py", code)
         return self.exec([sys.executable, "-I", "main.py"], stdin=stdin, timeout=timeout)
 
+    def snapshot(self) -> Path:
+        """A copy of the workspace (this sandbox copies; the namespace sandbox freezes a layer instead)."""
+        snap = Path(tempfile.mkdtemp(prefix="assay-sbx-snap-"))
+        shutil.copytree(self.workspace, snap, symlinks=True, dirs_exist_ok=True)
+        self._snapshots.append(snap)
+        return snap
+
+    def restore(self, snap: Path) -> None:
+        shutil.rmtree(self.workspace, ignore_errors=True)
+        shutil.copytree(snap, self.workspace, symlinks=True)
+
+    async def aexec(self, cmd: list[str] | str, stdin: str | None = None, timeout: float | None = None,
+                    ) -> ExecResult:
+        return await asyncio.to_thread(self.exec, cmd, stdin, timeout)
+
+    async def arun_python(self, code: str, stdin: str | None = None, timeout: float | None = None) -> ExecResult:
+        return await asyncio.to_thread(self.run_python, code, stdin, timeout)
+
+    async def awrite_file(self, path: str, data: bytes | str) -> None:
+        await asyncio.to_thread(self.write_file, path, data)
+
+    async def aread_file(self, path: str) -> bytes:
+        return await asyncio.to_thread(self.read_file, path)
+
     def close(self) -> None:
         shutil.rmtree(self.workspace, ignore_errors=True)
+        for snap in self._snapshots:
+            shutil.rmtree(snap, ignore_errors=True)
 
-    def __enter__(self) -> "ProcessSandbox":
+    def __enter__(self) -> ProcessSandbox:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -38,7 +38,8 @@ def build_filter(arch: str = kernel.ARCH) -> bytes:
     if arch == "x86_64":  # the x32 ABI numbers its calls from 2**30: refuse all of them
         prog += [_ins(_JGE, 0x40000000, 0, 1), eperm]
     for name in DENIED:
-        prog += [_ins(_JEQ, nr[name], 0, 1), eperm]
+        if name in nr:  # iopl, ioperm and uselib exist on x86 only
+            prog += [_ins(_JEQ, nr[name], 0, 1), eperm]
     # clone3 passes its flags in memory BPF cannot read: ENOSYS makes libc fall back to clone, whose flags it can.
     prog += [_ins(_JEQ, nr["clone3"], 0, 1), _ins(_RET, _ERRNO | errno.ENOSYS)]
     prog += [_ins(_JEQ, nr["clone"], 0, 3), _ins(_LD_W_ABS, _OFF_ARG0), _ins(_JSET, kernel.CLONE_NEW_ANY, 0, 1),

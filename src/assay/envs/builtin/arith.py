@@ -1,6 +1,6 @@
 """arith: multi-step integer arithmetic, answered as a chain of steps then `Answer: N`.
 
-Level 1: a+b or a-b (operands 1..20). Level 2: two of + -. Level 3: three ops with at least
+Level 1: a+b or a-b (one-digit operands). Level 2: two of + - (operands 1..20). Level 3: three ops with at least
 one *. Level 4: four ops with parentheses. Every intermediate result is in 0..200 and a
 product's factors are at most 12, so a tiny model can learn the digit work. The reference
 evaluates in the standard order (innermost, * before + -, left to right), one step per op:
@@ -38,11 +38,12 @@ class _Node:
     right: _Node | None = None
 
 
-def _random_tree(rng: random.Random, ops: int, choices: str) -> _Node:
+def _random_tree(rng: random.Random, ops: int, choices: str, max_leaf: int) -> _Node:
     if ops == 0:
-        return _Node(value=rng.randint(1, 20))
+        return _Node(value=rng.randint(1, max_leaf))
     left_ops = rng.randint(0, ops - 1)
-    return _Node(rng.choice(choices), 0, _random_tree(rng, left_ops, choices), _random_tree(rng, ops - 1 - left_ops, choices))
+    return _Node(rng.choice(choices), 0, _random_tree(rng, left_ops, choices, max_leaf),
+                 _random_tree(rng, ops - 1 - left_ops, choices, max_leaf))
 
 
 def render(node: _Node) -> str:
@@ -108,8 +109,9 @@ def _acceptable(chain: list[tuple[int, str, int, int]]) -> bool:
     return all(0 <= c <= MAX_VALUE and (op != "*" or max(a, b) <= MAX_FACTOR) for a, op, b, c in chain)
 
 
-# difficulty -> (operations, operators, needs a *, needs parentheses)
-_LEVELS = {1: (1, "+-", False, False), 2: (2, "+-", False, False), 3: (3, "+-*", True, False), 4: (4, "+-*", True, True)}
+# difficulty -> (operations, operators, needs a *, needs parentheses, largest operand)
+_LEVELS = {1: (1, "+-", False, False, 9), 2: (2, "+-", False, False, 20), 3: (3, "+-*", True, False, 20),
+           4: (4, "+-*", True, True, 20)}
 
 
 @register
@@ -126,9 +128,9 @@ class ArithEnv:
         spec = f"{self.name}@{self.version}"
         seed = draw_seed(rng)
         local = task_rng(spec, difficulty, seed)
-        ops, choices, needs_mul, needs_parens = _LEVELS[difficulty]
+        ops, choices, needs_mul, needs_parens, max_leaf = _LEVELS[difficulty]
         while True:  # rejection sampling: cheap, and the accepted tasks stay uniform over the allowed ones
-            expr = render(_random_tree(local, ops, choices))
+            expr = render(_random_tree(local, ops, choices, max_leaf))
             chain: list[tuple[int, str, int, int]] = []
             answer = steps(parse(expr), chain)
             if (_acceptable(chain) and ("*" in expr) >= needs_mul and ("(" in expr) == needs_parens):

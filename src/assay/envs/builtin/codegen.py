@@ -7,6 +7,7 @@ expected outputs in the payload) run in a sandbox by `_pyjudge`; score = fractio
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -177,7 +178,7 @@ class CodegenEnv:
     hash_deps = ("assay.envs.builtin._common", "assay.envs.builtin._pyjudge")
 
     def __init__(self, timeout_s: float = 3.0, memory_mb: int = 256) -> None:
-        self.limits = Limits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s + 0.999)), memory_mb=memory_mb,
+        self.limits = Limits(timeout_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), memory_mb=memory_mb,
                              max_procs=16, file_size_mb=1, output_bytes=64 * 1024)
 
     def generate(self, rng: random.Random, difficulty: int) -> Task:

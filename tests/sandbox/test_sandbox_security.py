@@ -1,0 +1,293 @@
+"""Each test is an attack from inside the sandbox, and each must be contained.
+
+Network tests only ever aim at listeners the test itself starts on this host's loopback (127.0.0.1, ::1) or
+on Unix sockets: never at any other address."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from assay.sandbox import Limits, NamespaceSandbox, client, kernel, seccomp
+from assay.sandbox.base import EXITED, SANDBOX_ERROR
+
+REPO = Path(__file__).resolve().parents[2]
+
+CONNECT = """
+    import socket, sys
+    family, kind, addr = {family}, {kind}, {addr!r}
+    s = socket.socket(family, kind)
+    s.settimeout(1)
+    try:
+        s.connect(addr if isinstance(addr, str) else tuple(addr))
+        s.sendall(b"hello") if kind == socket.SOCK_STREAM else s.send(b"hello")
+        print("CONNECTED")
+    except OSError as e:
+        print("refused", type(e).__name__)
+"""
+
+
+def _listener(family: int, kind: int, addr: object) -> socket.socket:
+    s = socket.socket(family, kind)
+    try:
+        s.bind(addr)
+    except OSError as e:
+        s.close()
+        pytest.skip(f"this host cannot listen on {addr!r}: {e}")
+    if kind == socket.SOCK_STREAM:
+        s.listen(1)
+    s.settimeout(0.3)
+    return s
+
+
+def _nothing_arrived(listener: socket.socket) -> bool:
+    try:
+        if listener.type == socket.SOCK_STREAM:
+            listener.accept()
+        else:
+            listener.recvfrom(100)
+    except TimeoutError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("family,host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])
+@pytest.mark.parametrize("kind", [socket.SOCK_STREAM, socket.SOCK_DGRAM])
+def test_host_loopback_listeners_are_unreachable(sbx: NamespaceSandbox, py, family: int, host: str,
+                                                 kind: int) -> None:
+    with _listener(family, kind, (host, 0)) as listener:
+        port = listener.getsockname()[1]
+        r = py(sbx, CONNECT.format(family=int(family), kind=int(kind), addr=[host, port]))
+        if kind == socket.SOCK_STREAM:
+            assert r.stdout.startswith("refused"), r
+        assert _nothing_arrived(listener)
+
+
+@pytest.mark.parametrize("abstract", [False, True])
+def test_host_unix_sockets_are_unreachable(sbx: NamespaceSandbox, py, tmp_path: Path, abstract: bool) -> None:
+    addr = f"\0assay-test-{secrets.token_hex(4)}" if abstract else str(tmp_path / "host.sock")
+    with _listener(socket.AF_UNIX, socket.SOCK_STREAM, addr) as listener:
+        r = py(sbx, CONNECT.format(family=int(socket.AF_UNIX), kind=int(socket.SOCK_STREAM), addr=addr))
+        assert r.stdout.startswith("refused"), r
+        assert _nothing_arrived(listener)
+
+
+def test_only_the_sandbox_loopback_exists_and_works(sbx: NamespaceSandbox, py) -> None:
+    r = py(sbx, """
+        import socket
+        print(sorted(name for _, name in socket.if_nameindex()))
+        srv = socket.create_server(("127.0.0.1", 0))
+        c = socket.create_connection(srv.getsockname())
+        conn, _ = srv.accept(); c.sendall(b"ping"); print(conn.recv(4).decode())
+    """)
+    assert r.stdout.split("\n")[:2] == ["['lo']", "ping"], r
+
+
+def test_host_files_are_out_of_sight(sbx: NamespaceSandbox, py) -> None:
+    other = NamespaceSandbox(Limits())
+    try:
+        token = secrets.token_hex(8)
+        other.write_file("secret.txt", token)
+        store = client.get_launcher().dir
+        paths = ["/etc/shadow", str(REPO / "pyproject.toml"), str(REPO / "src/assay/sandbox/jail.py"),
+                 f"/v/{other._volume.name}/u0/secret.txt", f"{store}/store/v/{other._volume.name}/u0/secret.txt",
+                 "/root/.bashrc", f"/proc/{os.getpid()}/environ"]
+        r = py(sbx, f"""
+            for p in {paths!r}:
+                try:
+                    open(p, "rb").read(); print("READ", p)
+                except OSError as e:
+                    print("denied", type(e).__name__)
+        """)
+        assert "READ" not in r.stdout and r.stdout.count("denied") == len(paths), r
+        grep = sbx.exec(f"grep -rl {token} /etc /tmp /workspace /root /dev 2>/dev/null; echo done")
+        assert grep.stdout == "done\n"
+        assert other.read_file("secret.txt") == token.encode()  # it was there all along
+    finally:
+        other.close()
+
+
+def test_host_processes_are_invisible_and_untouchable(sbx: NamespaceSandbox, py) -> None:
+    token = secrets.token_hex(8)
+    victim = subprocess.Popen(["sleep", "30"], env={"SECRET": token})
+    try:
+        r = py(sbx, f"""
+            import ctypes, os, signal
+            print(sorted(int(p) for p in os.listdir("/proc") if p.isdigit()) == [1, os.getpid()])
+            try:
+                print(open("/proc/{victim.pid}/environ", "rb").read())
+            except OSError as e:
+                print("no environ", type(e).__name__)
+            try:
+                os.kill({victim.pid}, signal.SIGKILL); print("KILLED")
+            except OSError as e:
+                print("no kill", type(e).__name__)
+            libc = ctypes.CDLL(None, use_errno=True)
+            print("attach", libc.ptrace(16, {victim.pid}, 0, 0), ctypes.get_errno())  # PTRACE_ATTACH
+            child = os.fork()
+            if child == 0:
+                import time; time.sleep(5); os._exit(0)
+            print("attach own child", libc.ptrace(16, child, 0, 0), ctypes.get_errno())
+        """)
+        lines = r.stdout.splitlines()
+        assert lines[0] == "True", r  # only its own init and itself
+        assert lines[1].startswith("no environ") and lines[2].startswith("no kill")
+        assert lines[3] == "attach -1 1"  # EPERM: seccomp, before any permission check
+        assert lines[4] == "attach own child -1 1"  # even a child it could otherwise trace
+        assert token not in r.stdout
+        assert victim.poll() is None  # alive
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_host_environment_does_not_leak(isolated: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    token = secrets.token_hex(8)
+    monkeypatch.setenv("ASSAY_TEST_SECRET", token)
+    client.shutdown()  # a launcher started now inherits the secret: it must still not reach the sandbox
+    with NamespaceSandbox(Limits()) as s:
+        r = s.exec("env; cat /proc/1/environ /proc/self/environ 2>&1; ls /proc")
+        assert r.status == EXITED and token not in r.stdout + r.stderr
+
+
+def test_fork_bomb_and_memory_bomb_leave_the_host_alone(isolated: None) -> None:
+    with NamespaceSandbox(Limits(max_procs=16, memory_mb=48, timeout_s=2)) as s:
+        s.exec(["bash", "-c", ":(){ :|:& };:; sleep 1"])
+        s.run_python("x = bytearray(1 << 30)")
+        assert s.exec("echo fine").stdout == "fine\n"
+
+
+def test_writes_outside_the_workspace_fail_or_stay_private(sbx: NamespaceSandbox) -> None:
+    name = f"assay-escape-{secrets.token_hex(4)}"
+    r = sbx.exec(f"for p in /etc/{name} /usr/{name} /{name} /bin/{name} /dev/{name}; do "
+                 f"(echo x > $p) 2>/dev/null && echo WROTE $p; done; echo x > /tmp/{name} && echo private")
+    assert r.stdout == "private\n", r
+    for host_dir in ("/etc", "/usr", "/", "/tmp", "/dev"):
+        assert not os.path.exists(f"{host_dir}/{name}")
+
+
+def test_planted_symlinks_do_not_reach_the_host(sbx: NamespaceSandbox, tmp_path: Path) -> None:
+    token = secrets.token_hex(8)
+    host_secret = tmp_path / "secret.txt"
+    host_secret.write_text(token)
+    passwd = Path("/etc/passwd").read_bytes()
+    sbx.exec(f"ln -s {host_secret} leak.txt; ln -s /etc/passwd passwd.txt; ln -s / root; ln -s {tmp_path} hostdir")
+    for path in ("leak.txt", "passwd.txt", "root/etc/passwd", "hostdir/secret.txt"):
+        with pytest.raises(OSError):
+            sbx.read_file(path)
+    for path in ("passwd.txt", "hostdir/planted.txt", "root/tmp/planted.txt"):
+        with pytest.raises(OSError):
+            sbx.write_file(path, "overwritten")
+    assert Path("/etc/passwd").read_bytes() == passwd
+    assert host_secret.read_text() == token and not (tmp_path / "planted.txt").exists()
+
+
+def test_proc_sys_and_cgroups_are_read_only_or_absent(sbx: NamespaceSandbox) -> None:
+    before = Path("/proc/sys/kernel/hostname").read_text()
+    r = sbx.exec("echo pwned > /proc/sys/kernel/hostname; echo 1 > /proc/sysrq-trigger; ls /sys/fs/cgroup; "
+                 "echo 1 > /sys/fs/cgroup/pids/pids.max; echo end")
+    assert r.stdout == "end\n"
+    assert "Read-only file system" in r.stderr and "No such file or directory" in r.stderr
+    assert Path("/proc/sys/kernel/hostname").read_text() == before
+
+
+def test_mounts_and_namespace_tricks_are_refused(sbx: NamespaceSandbox, py) -> None:
+    nr = kernel.SYSCALLS
+    r = py(sbx, f"""
+        import ctypes, subprocess
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        for name, n in {dict((k, nr[k]) for k in seccomp.DENIED if k in nr)!r}.items():
+            ret = libc.syscall(n, 0, 0, 0, 0, 0, 0)
+            print(name, ret, ctypes.get_errno())
+        print(subprocess.run(["mount", "-t", "tmpfs", "none", "/tmp"], capture_output=True).returncode)
+        print(libc.unshare(0x10000000), ctypes.get_errno())  # a new user namespace, to regain capabilities
+    """)
+    lines = r.stdout.splitlines()
+    refused = [line for line in lines[:-2] if line.endswith(" -1 1")]
+    assert len(refused) == len([k for k in seccomp.DENIED if k in nr]), [x for x in lines[:-2] if x not in refused]
+    assert lines[-2] != "0" and lines[-1] == "-1 1"
+
+
+def test_no_privileges_inside(sbx: NamespaceSandbox) -> None:
+    status = dict(line.split(":\t", 1) for line in sbx.exec("cat /proc/self/status").stdout.splitlines()
+                  if ":\t" in line)
+    assert status["Uid"].split() == ["1000"] * 4
+    assert all(int(status[k], 16) == 0 for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
+    assert status["NoNewPrivs"].strip() == "1" and status["Seccomp"].strip() == "2"
+
+
+def test_setuid_binaries_grant_nothing(isolated: None, tmp_path: Path) -> None:
+    template = tmp_path / "template"
+    template.mkdir()
+    shutil.copy("/usr/bin/id", template / "id")
+    os.chown(template / "id", 0, 0)
+    os.chmod(template / "id", 0o4755)  # setuid root, planted by the "environment"
+    with NamespaceSandbox(Limits(), template=template) as s:
+        r = s.exec("stat -c %a id; ./id -u; ./id -u -r")
+        assert r.stdout.split() == ["755", "1000", "1000"]
+        mounts = {line.split()[4]: line.split()[5] for line in s.exec("cat /proc/self/mountinfo").stdout.splitlines()}
+        for point in ("/", "/usr", "/workspace", "/tmp"):
+            assert "nosuid" in mounts[point].split(","), (point, mounts[point])
+        passwd = s.exec("/usr/bin/passwd -S root")  # setuid root on the host: here it stays uid 1000
+        assert passwd.exit_code != 0
+
+
+def _host_pids_with(marker: str) -> list[int]:
+    pids = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{p}/cmdline").read_bytes():
+                    pids.append(int(p))
+            except OSError:
+                pass
+    return pids
+
+
+def test_no_process_survives_a_call_or_close(isolated: None) -> None:
+    marker = secrets.token_hex(6)
+    s = NamespaceSandbox(Limits(timeout_s=30))
+    r = s.exec(f"(setsid sh -c 'sleep 1000; : {marker}' &) ; nohup sh -c 'sleep 1000; : {marker}' & echo bg")
+    assert r.stdout == "bg\n" and _host_pids_with(marker) == []
+    results = []
+    running = threading.Thread(target=lambda: results.append(s.exec(f"sh -c 'sleep 1000; : {marker}'")))
+    running.start()
+    deadline = time.monotonic() + 10
+    while not _host_pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _host_pids_with(marker), "the long call never started"
+    s.close()
+    running.join(10)
+    assert not running.is_alive() and results[0].status == SANDBOX_ERROR
+    deadline = time.monotonic() + 5
+    while _host_pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _host_pids_with(marker) == []
+
+
+def test_killing_the_host_side_kills_the_run(sbx: NamespaceSandbox) -> None:
+    """The launcher and everything under it die with the host process (here: a killed launcher)."""
+    marker = secrets.token_hex(6)
+    launcher = client.get_launcher()
+    t = threading.Thread(target=lambda: sbx.exec(f"sh -c 'sleep 1000; : {marker}'"))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not _host_pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(launcher.proc.pid, signal.SIGKILL)
+    t.join(10)
+    deadline = time.monotonic() + 5
+    while _host_pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _host_pids_with(marker) == []
+    client.shutdown()
