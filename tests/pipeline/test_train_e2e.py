@@ -61,7 +61,15 @@ def test_resume_is_exact(tiny_config, tmp_path):
 
 
 def test_bad_input_is_one_line_and_nonzero(tiny_config, tmp_path):
+    corrupt = tmp_path / "runs" / "corrupt"
+    step = corrupt / "checkpoints" / "step_1"
+    step.mkdir(parents=True)
+    (corrupt / "config.yaml").write_text(Path(tiny_config(name="corrupt")).read_text())
+    for name in ("config.json", "model.safetensors", "trainer.pt", "state.json"):
+        (step / name).write_bytes(b"\x00garbage")
     cases = [
+        ("train", "--resume", str(corrupt)),
+        ("eval", str(step), "--env", "arith"),
         ("train", tiny_config(name="x"), "train.stepz=3"),
         ("train", tiny_config(name="y", domains=[{"name": "q", "env": "nosuchenv"}])),
         ("train", str(tmp_path / "missing.yaml")),

@@ -157,6 +157,7 @@ def test_host_environment_does_not_leak(isolated: None, monkeypatch: pytest.Monk
     with NamespaceSandbox(Limits()) as s:
         r = s.exec("env; cat /proc/1/environ /proc/self/environ 2>&1; ls /proc")
         assert r.status == EXITED and token not in r.stdout + r.stderr
+        assert str(REPO) not in s.exec("cat /proc/1/cmdline").stdout  # not even the checkout's path
 
 
 def test_fork_bomb_and_memory_bomb_leave_the_host_alone(isolated: None) -> None:
@@ -224,6 +225,8 @@ def test_no_privileges_inside(sbx: NamespaceSandbox) -> None:
     assert status["Uid"].split() == ["1000"] * 4
     assert all(int(status[k], 16) == 0 for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
     assert status["NoNewPrivs"].strip() == "1" and status["Seccomp"].strip() == "2"
+    fds = sbx.run_python("import os; print(sorted(os.listdir('/proc/self/fd')))").stdout
+    assert fds == "['0', '1', '2', '3']\n"  # stdio, and the listing's own: nothing inherited from the sandbox
 
 
 def test_setuid_binaries_grant_nothing(isolated: None, tmp_path: Path) -> None:

@@ -14,12 +14,12 @@ __all__ = ["DISK", "EXITED", "OOM", "OUTPUT_TRUNCATED", "PIDS", "SANDBOX_ERROR",
 
 @dataclass
 class Limits:
-    timeout_s: float = 5.0  # wall clock; kills the whole process tree
-    cpu_s: int = 5
-    memory_mb: int = 512
-    max_procs: int = 64
-    file_size_mb: int = 16
-    open_files: int = 256
+    timeout_s: float = 5.0  # wall clock per call; kills the whole process tree
+    cpu_s: int = 5  # per process (RLIMIT_CPU)
+    memory_mb: int = 512  # the whole sandbox, its tmpfs files included (cgroup); per process where no cgroup
+    max_procs: int = 64  # processes alive at once in a call (cgroup); per uid (RLIMIT_NPROC) where no cgroup
+    file_size_mb: int = 16  # largest file a process may write (RLIMIT_FSIZE)
+    open_files: int = 256  # per process (RLIMIT_NOFILE)
     output_bytes: int = 64 * 1024  # per stream; beyond it the status is output_truncated
     workspace_mb: int = 256  # all bytes the sandbox's files may hold (its workspace layers; /tmp has as much again)
 

@@ -42,10 +42,17 @@ def create(name: str, memory_bytes: int, max_pids: int) -> None:
     _write(f"{_path('pids', name)}/pids.max", str(max_pids))
 
 
-def join(name: str) -> None:
-    """Move the calling process (and so all it will fork) into the sandbox's cgroup."""
-    for ctl in CONTROLLERS:
-        _write(f"{_path(ctl, name)}/cgroup.procs", "0")
+def procs_files(name: str | None) -> list[int]:
+    """The `cgroup.procs` files of a sandbox's cgroup (or, for None, of the parent of all), opened for writing: a
+    process that writes "0" there moves in, and all it forks from then on is born there. Opened by root while
+    the paths are in sight, so that a process of the sandbox user can move later."""
+    return [os.open(f"{_path(ctl, name) if name else f'{ROOT}/{ctl}/{PARENT}'}/cgroup.procs", os.O_WRONLY)
+            for ctl in CONTROLLERS]
+
+
+def move_self(procs: list[int]) -> None:
+    for fd in procs:
+        os.write(fd, b"0")
 
 
 def remove(name: str) -> bool:

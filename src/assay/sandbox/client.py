@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import itertools
+import json
 import os
 import selectors
 import shutil
@@ -18,13 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from assay.core.errors import AssayError
-from assay.sandbox import protocol
+from assay.sandbox import cgroups, protocol
 
 # The launcher imports only stdlib and its own sandbox modules; registering the two packages by path skips
 # assay/__init__.py and assay/sandbox/__init__.py, which may import heavier things.
 _BOOTSTRAP = """
-import sys, types
-src, run_dir = sys.argv[1], sys.argv[2]
+import os, sys, types
+src, run_dir = os.environ.pop("ASSAY_SANDBOX_SRC"), os.environ.pop("ASSAY_SANDBOX_DIR")
 for name in ("assay", "assay.sandbox"):
     pkg = types.ModuleType(name)
     pkg.__path__ = [src + "/" + name.replace(".", "/")]
@@ -33,6 +34,7 @@ from assay.sandbox.launcher import main
 main(run_dir)
 """
 _SRC = str(Path(__file__).resolve().parents[2])
+_PREFIX = "assay-sandbox-"
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # nothing of the host's environment
 START_TIMEOUT_S = 15.0
 
@@ -47,10 +49,16 @@ class Launcher:
     def __init__(self) -> None:
         self.generation = next(self._generations)
         self.owner = os.getpid()
-        self.dir = tempfile.mkdtemp(prefix="assay-sandbox-")  # mode 0700: only we reach the socket
+        _sweep_dirs()
+        self.dir = tempfile.mkdtemp(prefix=_PREFIX)  # mode 0700: only we reach the sockets
         self.exec_path, self.ctl_path = f"{self.dir}/exec.sock", f"{self.dir}/ctl.sock"
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOTSTRAP, _SRC, self.dir], env=_ENV,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        # Paths go in the environment, not argv: a sandboxed program can read its pid 1's command line.
+        env = dict(_ENV, ASSAY_SANDBOX_SRC=_SRC, ASSAY_SANDBOX_DIR=self.dir)
+        python = getattr(sys, "_base_executable", sys.executable)  # no venv needed: stdlib only
+        self.proc = subprocess.Popen([python, "-I", "-S", "-c", _BOOTSTRAP], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, start_new_session=True)
+        Path(self.dir, "pid").write_text(str(self.proc.pid))  # for _sweep_dirs, should we die uncleanly
+        self.cgroups = False
         line = self._first_line()
         if not line.startswith("ready"):
             self.close()
@@ -84,6 +92,13 @@ class Launcher:
                 if track is not None:
                     track.discard(s)
 
+    def post(self, header: dict) -> None:
+        """Send a control request without waiting for its answer."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(self.ctl_path)
+            s.sendall(protocol.encode(header))
+
     async def arequest(self, header: dict, blobs: Sequence[bytes] = (), timeout: float | None = None,
                        track: set | None = None) -> tuple[dict, list[bytes]]:
         """`request` for asyncio; cancelling the task cancels the run."""
@@ -112,12 +127,25 @@ class Launcher:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.cgroups:
+            cgroups.sweep()  # the launcher's sandboxes' cgroups, now that it is gone
 
 
 async def _arecv(reader: asyncio.StreamReader) -> tuple[dict, list[bytes]]:
-    (n,) = protocol._LEN.unpack(await reader.readexactly(4))
-    header = protocol.json.loads(await reader.readexactly(n))
+    (n,) = protocol.LENGTH.unpack(await reader.readexactly(4))
+    header = json.loads(await reader.readexactly(n))
     return header, protocol.split(header, await reader.readexactly(sum(header["blobs"])))
+
+
+def _sweep_dirs() -> None:
+    """Remove the directories of launchers whose host process was killed before it could clean up."""
+    for d in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        try:
+            pid = int((d / "pid").read_text())
+        except (OSError, ValueError):
+            continue
+        if not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 _current: Launcher | None = None

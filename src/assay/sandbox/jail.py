@@ -23,8 +23,6 @@ import signal
 import socket
 import struct
 import time
-def _tr(tag):
-    os.write(2, f'TR {os.getpid()} {tag} {time.monotonic():.6f}\n'.encode())
 
 from assay.sandbox import cgroups, kernel, protocol, seccomp
 from assay.sandbox.status import DISK, EXITED, OOM, OUTPUT_TRUNCATED, PIDS, TIMEOUT
@@ -67,28 +65,24 @@ def worker(exec_sock: socket.socket, notify_w: int, launcher_pid: int) -> None:
         if uid == os.getuid():
             break
         conn.close()
-    _tr("I accepted")
     os.setpriority(os.PRIO_PROCESS, 0, 0)  # staging ran niced (see launcher.py); serving does not
-    os.write(notify_w, b"w")  # the launcher stages our replacement
+    os.write(notify_w, struct.pack("<i", host_pid))  # the launcher stages our replacement
     exec_sock.close()
     os.close(notify_w)
     try:
         req, blobs = protocol.recv(conn)
         if problem is not None:
             raise RuntimeError(problem)
-        _tr("I got req")
         header, out = _serve(conn, req, blobs, launcher_pid)
         if header is not None:
             header["pid"] = host_pid
     except Exception as e:  # noqa: BLE001 - the host gets every failure as an answer
         header, out = {"error": f"{type(e).__name__}: {e}"}, []
     if header is not None:
-        _tr("I classified")
         try:
             conn.sendall(protocol.encode(header, out))
         except OSError:
             pass
-    os.write(2, f'TR {os.getpid()} I exiting {time.monotonic():.6f}\n'.encode())
 
 
 def _prestage() -> None:
@@ -111,37 +105,36 @@ def _serve(conn: socket.socket, req: dict, files: list[bytes], launcher_pid: int
         raise FileNotFoundError(f"no workspace volume {req['volume']!r} (closed, or the launcher restarted)")
     if not _UPPER.fullmatch(req["upper"]) or not all(_LAYER.fullmatch(p) for p in req["lowers"]):
         raise ValueError("bad layer names")
-    _tr("I pre-wait")
     for pid in req["after"]:
         _wait_gone(pid)
-    _tr("I waited prev")
     for name in req["discard"]:
         if _DISCARD.fullmatch(name):
             shutil.rmtree(f"{vol}/{name}", ignore_errors=True)
     upper, work = req["upper"], "w" + req["upper"][1:]
+    for layer in req["lowers"]:  # a layer frozen after a call that failed before making it holds no changes
+        if layer.startswith(vol[1:] + "/") and not os.path.isdir(f"/{layer}"):
+            own_dir(f"/{layer}")
     own_dir(f"{vol}/{upper}")
     os.makedirs(f"{vol}/{work}", 0o700, exist_ok=True)
     # The sandbox's own network namespace (loopback only), kept by the launcher across its runs.
-    _tr("I dirs")
     netns = os.open(f"/proc/{launcher_pid}/fd/{int(req['netns'])}", os.O_RDONLY)
     kernel.setns(netns, kernel.CLONE_NEWNET)
     os.close(netns)
-    counters = None
+    counters, cgroup_moves = None, None
     if req["cgroup"]:
-        cgroups.join(req["cgroup"])
+        if not NAME.fullmatch(req["cgroup"]):
+            raise ValueError("bad cgroup name")
         counters = cgroups.Counters(req["cgroup"])
-    _tr("I netns+cg")
+        cgroup_moves = cgroups.procs_files(req["cgroup"]), cgroups.procs_files(None)
     os.chdir("/")  # relative layer paths keep the overlay options under one page, so stacks can be deep
     vrel = vol.lstrip("/")
     kernel.mount("overlay", f"{ROOT}/workspace", "overlay", _MOUNT_FLAGS,
                  f"lowerdir={':'.join(req['lowers']) or 'empty'},upperdir={vrel}/{upper},workdir={vrel}/{work}")
     kernel.mount("tmpfs", f"{ROOT}/tmp", "tmpfs", _MOUNT_FLAGS, tmpfs_options(req["volume_mb"], "1777"))
     disks = [os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in (vol, f"{ROOT}/tmp")]  # to see if they filled
-    _tr("I mounted")
     os.chdir(ROOT)
     kernel.pivot_root(".", ".")  # the old root now sits on top of the new one: detach it, and the host is gone
     kernel.umount(".")
-    _tr("I pivoted")
     os.chdir(WORKSPACE)
     stdin = files.pop(0) if req["stdin"] else b""
     _confine(lim, counters is not None)
@@ -153,7 +146,8 @@ def _serve(conn: socket.socket, req: dict, files: list[bytes], launcher_pid: int
     if any(writes):
         header["disk_full"] = any(e in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) for e in writes)
     elif req["argv"]:
-        run = _run(req["argv"], req["env"], stdin, conn, started + lim["timeout_s"], lim["output_bytes"])
+        run = _run(req["argv"], req["env"], stdin, conn, started + lim["timeout_s"], lim["output_bytes"],
+                   cgroup_moves)
         if run is None:
             return None, []  # the host hung up: everything is already killed
         status, cpu, out, err, timed_out = run
@@ -166,7 +160,6 @@ def _serve(conn: socket.socket, req: dict, files: list[bytes], launcher_pid: int
         code, data = _attempt(_read_file, path, lim["file_size_mb"] << 20)
         header["reads"].append(code)
         blobs.append(data or b"")
-    _tr("I drained")
     full = any(s.f_bavail * s.f_frsize < 65536 or s.f_favail == 0 for s in map(os.fstatvfs, disks))
     oom, pids = counters.breaches() if counters is not None else (False, False)
     status, note = _classify(header, oom, pids, timed_out, cpu_out, truncated, full)
@@ -198,7 +191,6 @@ def _confine(lim: dict, have_cgroup: bool) -> None:
     if not have_cgroup:  # per-process caps are the best we have
         resource.setrlimit(resource.RLIMIT_AS, (lim["memory_mb"] * mb, lim["memory_mb"] * mb))
         resource.setrlimit(resource.RLIMIT_NPROC, (lim["max_procs"], lim["max_procs"]))
-    _tr("I rlimits")
     os.setgroups([])
     os.setresgid(HOST_ID, HOST_ID, HOST_ID)
     os.setresuid(HOST_ID, HOST_ID, HOST_ID)  # no longer root anywhere on the host
@@ -208,22 +200,21 @@ def _confine(lim: dict, have_cgroup: bool) -> None:
                        ("gid_map", f"{INSIDE_ID} {HOST_ID} 1\n")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
-    _tr("I userns")
     kernel.drop_capabilities()  # the creator of a user namespace holds all of them inside it
     kernel.prctl(kernel.PR_SET_DUMPABLE, 0)  # the program may not read our memory or our /proc files
-    _tr("I caps")
     seccomp.install(_FILTER)
-    _tr("I seccomp")
 
 
 def _run(argv: list[str], env: dict[str, str], stdin: bytes, conn: socket.socket, deadline: float, cap: int,
-         ) -> tuple[int, float, bytes, bytes, bool] | None:
-    """Spawn the command, feed its stdin, keep cap+1 bytes of each output, reap orphans, kill everything at the
+         cgroup_moves: tuple[list[int], list[int]] | None) -> tuple[int, float, bytes, bytes, bool] | None:
+    """Start the command, feed its stdin, keep cap+1 bytes of each output, reap orphans, kill everything at the
     deadline. None if the host hung up."""
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     actions = [(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
+    if cgroup_moves is not None:  # the command is born in the sandbox's cgroup; we step in for that moment only,
+        cgroups.move_self(cgroup_moves[0])  # so the OOM killer can never pick us and fail the run
     try:
         child = os.posix_spawn(_which(argv[0], env.get("PATH", "")), argv, env, file_actions=actions, setsid=True,
                                setsigmask=(), setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT))
@@ -231,9 +222,10 @@ def _run(argv: list[str], env: dict[str, str], stdin: bytes, conn: socket.socket
         code = 127 if e.errno == errno.ENOENT else 126
         return code << 8, 0.0, b"", f"{argv[0]}: {e.strerror}\n".encode(), False
     finally:
+        if cgroup_moves is not None:
+            cgroups.move_self(cgroup_moves[1])
         for fd in (in_r, out_w, err_w):
             os.close(fd)
-    _tr("I spawned")
     bufs = {out_r: bytearray(), err_r: bytearray()}
     exited = os.pidfd_open(child)  # readable once C has exited (its pipes may close before that)
     poller = select.poll()
@@ -274,7 +266,6 @@ def _run(argv: list[str], env: dict[str, str], stdin: bytes, conn: socket.socket
                 break
             if pid == child:
                 status, usage = st, ru
-    _tr("I C exited")
     _kill_all()  # nothing of C's may outlive it
     os.close(exited)
     for fd in (out_r, err_r):

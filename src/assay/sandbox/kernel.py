@@ -51,6 +51,7 @@ SYSCALLS: dict[str, int] = _SYSCALLS.get(ARCH, {})
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 
 def _check(ret: int, what: str) -> None:
@@ -88,10 +89,8 @@ def sethostname(name: str) -> None:
     _check(_libc.sethostname(raw, ctypes.c_size_t(len(raw))), "sethostname")
 
 
-def prctl(option: int, arg2: int | ctypes.c_void_p = 0, arg3: int = 0) -> None:
-    a2 = arg2 if isinstance(arg2, ctypes.c_void_p) else ctypes.c_ulong(arg2)
-    _check(_libc.prctl(ctypes.c_int(option), a2, ctypes.c_ulong(arg3), ctypes.c_ulong(0), ctypes.c_ulong(0)),
-           f"prctl({option})")
+def prctl(option: int, arg2: int = 0, arg3: int = 0) -> None:
+    _check(_libc.prctl(option, arg2, arg3, 0, 0), f"prctl({option})")
 
 
 def _last_cap() -> int:
@@ -116,7 +115,7 @@ class _CapData(ctypes.Structure):
 def drop_capabilities() -> None:
     """Empty every capability set: bounding, ambient, then effective/permitted/inheritable."""
     for cap in range(_LAST_CAP + 1):
-        if _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) != 0 and ctypes.get_errno() != 22:
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
             _check(-1, f"drop capability {cap}")  # EINVAL just means the kernel has no such capability
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words

@@ -81,6 +81,7 @@ def build_root(root: str) -> None:
 
 
 IDLE_WORKERS = 6  # staged ahead of demand: a request finds its namespaces already made
+SPARE_SANDBOXES = 2  # made ahead of demand, of the kind last asked for
 STAGING_NICE = 5  # a spare being staged yields to the runs being served (a worker undoes it when it serves)
 
 
@@ -124,17 +125,31 @@ def _peer_ok(conn: socket.socket) -> bool:  # the socket's directory is root-onl
 
 
 class _Sandboxes:
-    """Per sandbox: its volume (tmpfs, mounted under /v), network namespace (an open fd) and cgroup."""
+    """Per sandbox: its volume (a tmpfs under /v), network namespace (an open fd) and cgroup. A couple of spares
+    of the kind last asked for are made while idle, so that creating a sandbox costs one round trip."""
 
     def __init__(self, use_cgroups: bool) -> None:
         self.use_cgroups = use_cgroups
         self.host_net = os.open("/proc/self/ns/net", os.O_RDONLY)
         self.netns: dict[str, int] = {}
+        self.spares: list[dict] = []
+        self.kind: tuple[int, int, int] | None = None  # (size_mb, memory_mb, max_procs) of the spares
         self.stale_cgroups: set[str] = set()  # still held by a dying run: removed on a later pass
 
-    def make(self, name: str, size_mb: int, memory_mb: int, max_procs: int) -> dict:
-        if not jail.NAME.fullmatch(name) or name in self.netns:
-            raise ValueError(f"bad or duplicate sandbox name {name!r}")
+    def make(self, size_mb: int, memory_mb: int, max_procs: int) -> dict:
+        kind = (int(size_mb), int(memory_mb), int(max_procs))
+        if kind != self.kind:
+            for spare in self.spares:
+                self.release(spare["name"])
+            self.spares, self.kind = [], kind
+        return self.spares.pop() if self.spares else self._build(*kind)
+
+    def refill(self) -> None:
+        while self.kind is not None and len(self.spares) < SPARE_SANDBOXES:
+            self.spares.append(self._build(*self.kind))
+
+    def _build(self, size_mb: int, memory_mb: int, max_procs: int) -> dict:
+        name = os.urandom(6).hex()
         os.mkdir(f"/v/{name}")  # staged workers see the mount through propagation
         kernel.mount("tmpfs", f"/v/{name}", "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV,
                      jail.tmpfs_options(size_mb, "0755"))
@@ -147,8 +162,8 @@ class _Sandboxes:
         cgroup = None
         if self.use_cgroups:
             cgroup = f"{os.getpid()}-{name}"
-            cgroups.create(cgroup, memory_mb << 20, max_procs + 1)  # +1: the run's pid 1
-        return {"netns": self.netns[name], "cgroup": cgroup}
+            cgroups.create(cgroup, memory_mb << 20, max_procs)
+        return {"name": name, "netns": self.netns[name], "cgroup": cgroup}
 
     def release(self, name: str) -> None:
         if not jail.NAME.fullmatch(name):
@@ -184,41 +199,66 @@ def main(run_dir: str) -> None:
     print(f"ready cgroups={int(use_cgroups)}", flush=True)
     os.dup2(devnull, 1)  # nobody reads our stdout past the ready line
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps our workers
-    notify_r, notify_w = os.pipe()  # a worker that took a request asks for its replacement here
+    notify_r, notify_w = os.pipe()  # a worker that took a request writes its pid here
     me = os.getpid()
+
+    poller = select.poll()
+    idle: dict[int, int] = {}  # pid -> pidfd of the workers staged and waiting
 
     def spawn_worker() -> None:
         kernel.unshare(kernel.CLONE_NEWPID)  # our next child is pid 1 of a new PID namespace...
-        pid = os.fork()
-        if pid == 0:
-            try:
-                ctl_sock.close()
-                os.close(notify_r)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                os.nice(STAGING_NICE)
-                jail.worker(exec_sock, notify_w, me)
-            finally:
-                os._exit(0)
-        kernel.setns(own_pidns, kernel.CLONE_NEWPID)  # ...and the one after that of another
+        try:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    ctl_sock.detach()  # (closed below, with the rest: e.g. other sandboxes' netns)
+                    _close_fds_but(0, 1, 2, exec_sock.fileno(), notify_w)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    os.nice(STAGING_NICE)
+                    jail.worker(exec_sock, notify_w, me)
+                finally:
+                    os._exit(0)
+        finally:
+            kernel.setns(own_pidns, kernel.CLONE_NEWPID)  # ...and the one after that of another
+        idle[pid] = os.pidfd_open(pid)
+        poller.register(idle[pid], select.POLLIN)
+
+    def retire(pid: int) -> None:
+        if pid in idle:
+            poller.unregister(idle[pid])
+            os.close(idle.pop(pid))
+            spawn_worker()
 
     for _ in range(IDLE_WORKERS):
         spawn_worker()
-    poller = select.poll()
     for fd in (0, ctl_sock.fileno(), notify_r):
         poller.register(fd, select.POLLIN)
     while True:
         for fd, _ in poller.poll(1000 if sandboxes.stale_cgroups else None):
             if fd == 0 and not os.read(0, 1):
                 return  # the host is gone (or shut us down); workers die with us
-            if fd == notify_r:
-                for _ in os.read(notify_r, 256):
-                    spawn_worker()
+            if fd == notify_r:  # workers that took a request, by pid: stage their replacements
+                data = os.read(notify_r, 4 * 64)
+                for (pid,) in struct.iter_unpack("<i", data[:len(data) // 4 * 4]):
+                    retire(pid)
+            elif fd in idle.values() and select.select([fd], [], [], 0)[0]:  # died before serving (not a reused fd)
+                retire(next(pid for pid, pidfd in idle.items() if pidfd == fd))
             elif fd == ctl_sock.fileno():
                 conn, _ = ctl_sock.accept()
                 with conn:
                     if _peer_ok(conn):
                         _control(conn, sandboxes)
         sandboxes.sweep()
+        sandboxes.refill()
+
+
+def _close_fds_but(*keep: int) -> None:
+    for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the directory listing's own fd, already gone
 
 
 def _control(conn: socket.socket, sandboxes: _Sandboxes) -> None:
@@ -227,7 +267,7 @@ def _control(conn: socket.socket, sandboxes: _Sandboxes) -> None:
         req, blobs = protocol.recv(conn)
         reply: dict = {"ok": True}
         if req["op"] == "sandbox":
-            reply = sandboxes.make(req["name"], req["size_mb"], req["memory_mb"], req["max_procs"])
+            reply = sandboxes.make(req["size_mb"], req["memory_mb"], req["max_procs"])
         elif req["op"] == "release":
             sandboxes.release(req["name"])
         elif req["op"] == "template":

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import secrets
 import socket
 import stat
 import threading
@@ -39,18 +38,17 @@ class _Volume:
     snapshot still needs it."""
 
     def __init__(self, launcher: Launcher, limits: Limits) -> None:
-        self.name = secrets.token_hex(6)
-        reply, _ = _check(launcher.request({"op": "sandbox", "name": self.name, "size_mb": limits.workspace_mb,
+        reply, _ = _check(launcher.request({"op": "sandbox", "size_mb": limits.workspace_mb,
                                             "memory_mb": limits.memory_mb, "max_procs": limits.max_procs},
                                            timeout=_SLACK_S))
-        self.netns, self.cgroup = reply["netns"], reply["cgroup"]
+        self.name, self.netns, self.cgroup = reply["name"], reply["netns"], reply["cgroup"]
         weakref.finalize(self, _release, launcher, self.name)
 
 
 def _release(launcher: Launcher, name: str) -> None:
     if launcher.alive():
         try:
-            launcher.request({"op": "release", "name": name}, timeout=_SLACK_S)
+            launcher.post({"op": "release", "name": name})
         except OSError:
             pass
 
@@ -273,16 +271,15 @@ class NamespaceSandbox:
                   "argv": argv, "env": {**BASE_ENV, **(env or {})}, "limits": limits,
                   "writes": [[path, 0o644] for path, _ in writes], "reads": reads, "stdin": stdin is not None}
         self._discard = []
+        self._dirty = self._dirty or bool(argv or writes)  # even if the call then fails: it may have written
         blobs = ([_bytes(stdin)] if stdin is not None else []) + [_bytes(data) for _, data in writes]
         return header, blobs
 
-    def _finish(self, header: dict, blobs: list[bytes], started: float, changes: bool,
-                ) -> tuple[ExecResult, dict, list[bytes]]:
+    def _finish(self, header: dict, blobs: list[bytes], started: float) -> tuple[ExecResult, dict, list[bytes]]:
         if "error" in header:
             self.errors += 1
             return ExecResult("", f"[sandbox] {header['error']}", -1, time.monotonic() - started, SANDBOX_ERROR), \
                 header, []
-        self._dirty = self._dirty or changes
         self._after = [header["pid"]]
         result = ExecResult(blobs[0].decode(errors="replace"), blobs[1].decode(errors="replace"),
                             header["exit_code"], header["duration"], header["status"])
@@ -300,7 +297,7 @@ class NamespaceSandbox:
             except (OSError, ValueError) as e:
                 self.errors += 1
                 return _infra_error(e, started), {}, []
-            return self._finish(*reply, started, changes=bool(argv or writes))
+            return self._finish(*reply, started)
 
     async def _call_async(self, argv: list[str] | None, stdin: str | bytes | None, timeout: float | None,
                           env: Mapping[str, str] | None, writes: list | None = None, reads: list | None = None,
@@ -316,7 +313,7 @@ class NamespaceSandbox:
             except (OSError, ValueError, asyncio.IncompleteReadError, TimeoutError) as e:
                 self.errors += 1
                 return _infra_error(e, started), {}, []
-            return self._finish(*reply, started, changes=bool(argv or writes))
+            return self._finish(*reply, started)
         finally:
             self._lock.release()
 

@@ -8,12 +8,12 @@ import socket
 import struct
 from collections.abc import Sequence
 
-_LEN = struct.Struct("<I")
+LENGTH = struct.Struct("<I")
 
 
 def encode(header: dict, blobs: Sequence[bytes] = ()) -> bytes:
     raw = json.dumps(dict(header, blobs=[len(b) for b in blobs])).encode()
-    return _LEN.pack(len(raw)) + raw + b"".join(blobs)
+    return LENGTH.pack(len(raw)) + raw + b"".join(blobs)
 
 
 def split(header: dict, data: bytes) -> list[bytes]:
@@ -25,7 +25,7 @@ def split(header: dict, data: bytes) -> list[bytes]:
 
 
 def decode(buf: bytes) -> tuple[dict, list[bytes]]:
-    (n,) = _LEN.unpack_from(buf)
+    (n,) = LENGTH.unpack_from(buf)
     header = json.loads(buf[4:4 + n])
     return header, split(header, buf[4 + n:])
 
@@ -42,7 +42,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def recv(sock: socket.socket) -> tuple[dict, list[bytes]]:
-    (n,) = _LEN.unpack(_recv_exact(sock, 4))
+    (n,) = LENGTH.unpack(_recv_exact(sock, 4))
     header = json.loads(_recv_exact(sock, n))
     return header, split(header, _recv_exact(sock, sum(header["blobs"])))
 
