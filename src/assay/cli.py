@@ -14,14 +14,21 @@ from assay.core.errors import AssayError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Assay: RL post-training of LLM agents on verifiable rewards.")
 console = Console()
+sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in the sandbox model-written code runs in.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: ratios measured side by side in one run.")
+app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(bench_app, name="bench")
+
+
+@app.callback()
+def _global(unsafe_no_sandbox: Annotated[bool, typer.Option(
+        "--unsafe-no-sandbox", help="run model-written code WITHOUT isolation where the sandbox cannot start")] = False) -> None:
+    if unsafe_no_sandbox:
+        from assay.sandbox import allow_unsafe_sandbox
+
+        allow_unsafe_sandbox()
 
 Overrides = Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides, e.g. train.steps=5")]
-
-
-def _threads(cfg_threads: int, model: object | None = None) -> None:
-    from assay.core.modeling import choose_threads, set_threads
-
-    set_threads(cfg_threads or (choose_threads(model) if model is not None else 1))
 
 
 @app.command()
@@ -48,7 +55,6 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
         cfg = load_config(config, overrides)
         run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
     pipeline = SyncPipeline(cfg, run_dir, resume=resume is not None)
-    _threads(cfg.threads, pipeline.model)
     with RunView("train", cfg.train.steps, quiet=quiet, console=console) as view:
         view.advance(pipeline.start_step)
         pipeline.run(view)
@@ -65,7 +71,6 @@ def sft(config: Annotated[Path, typer.Argument(help="YAML config")], overrides: 
     from assay.pipeline.ui import RunView
 
     cfg = load_config(config, overrides or [])
-    _threads(cfg.threads)
     run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
     with RunView("sft", cfg.sft.steps, quiet=quiet, console=console) as view:
         out = run_sft(cfg, run_dir, view)
@@ -83,7 +88,7 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in
     from rich.table import Table
 
     from assay.core.config import DifficultyRange, DomainConfig
-    from assay.core.modeling import load_model
+    from assay.core.modeling import apply_threads, load_model
     from assay.envs.registry import get_env
     from assay.eval.evaluate import evaluate
     from assay.rollout.hf import HFBackend
@@ -95,7 +100,7 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in
         domains[spec] = DomainConfig(name=spec, env=spec, max_new_tokens=max_new_tokens, max_turns=max_turns,
                                      difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
     model, tokenizer = load_model(checkpoint)
-    _threads(0, model)
+    apply_threads(0, model)
     ks = sorted({1, *(k for k in (2, 4, 8, 16) if k <= n)})
     results = evaluate(HFBackend(model, tokenizer), tokenizer, envs, domains, tasks, n, seed, temperature, ks)
     table = Table(title=f"{checkpoint}: {tasks} tasks × {n} samples, 95% bootstrap CIs")
@@ -128,8 +133,30 @@ def quickstart(overrides: Overrides = None,
         print(default_config_text())
         return
     cfg = default_config(overrides or [])
-    _threads(cfg.threads)
     run_quickstart(cfg, console)
+
+
+@sandbox_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sandbox_run(ctx: typer.Context,
+                template: Annotated[Path | None, typer.Option(help="directory the workspace starts from")] = None,
+                timeout: Annotated[float, typer.Option(help="wall-clock seconds")] = 10.0,
+                memory_mb: int = 512) -> None:
+    """assay sandbox run [--template DIR] -- CMD ARGS…: run one command in a fresh sandbox."""
+    from assay.sandbox import Limits
+    from assay.sandbox.cli_support import run_command
+
+    if not ctx.args:
+        raise AssayError("assay sandbox run needs a command after --, e.g. assay sandbox run -- ls -la")
+    limits = Limits(timeout_s=timeout, cpu_s=max(1, int(timeout)), memory_mb=memory_mb)
+    raise typer.Exit(run_command(list(ctx.args), str(template) if template else None, limits))
+
+
+@bench_app.command("sandbox")
+def bench_sandbox(seconds: Annotated[float, typer.Option(help="measuring time per row")] = 1.0) -> None:
+    """Sandbox latency (p50/p99) and throughput beside a plain subprocess."""
+    from assay.bench.sandbox import run_sandbox_bench
+
+    print(run_sandbox_bench(seconds=seconds))
 
 
 def main() -> None:

@@ -287,10 +287,13 @@ def test_killing_the_host_side_kills_the_run(sbx: NamespaceSandbox) -> None:
     deadline = time.monotonic() + 10
     while not _host_pids_with(marker) and time.monotonic() < deadline:
         time.sleep(0.02)
+    workers = Path(f"/proc/{launcher.proc.pid}/task/{launcher.proc.pid}/children").read_text().split()
     os.kill(launcher.proc.pid, signal.SIGKILL)
     t.join(10)
     deadline = time.monotonic() + 5
-    while _host_pids_with(marker) and time.monotonic() < deadline:
+    while (_host_pids_with(marker) or any(Path(f"/proc/{w}").exists() for w in workers)) \
+            and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _host_pids_with(marker) == []
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()]  # staged workers went with their launcher
     client.shutdown()

@@ -124,3 +124,10 @@ def choose_threads(model: PreTrainedModel, batch: int = 8, seq_len: int = 128, r
     finally:
         torch.set_num_threads(before)
     return min(times, key=lambda n: times[n])
+
+
+def apply_threads(requested: int, model: PreTrainedModel) -> int:
+    """Use `requested` torch threads, or (0) the count measured fastest for this model here."""
+    n = requested or choose_threads(model)
+    set_threads(n)
+    return n

@@ -8,7 +8,7 @@ from typing import Any
 
 from assay.agent.render import sft_example
 from assay.core.config import Config, dump_config
-from assay.core.modeling import save_model
+from assay.core.modeling import apply_threads, save_model
 from assay.core.storage import MetricsLogger, atomic_write
 from assay.envs.base import Environment
 from assay.pipeline.policy import build_policy, domain_envs
@@ -34,6 +34,7 @@ def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
     atomic_write(run_dir / "config.yaml", dump_config(cfg))
     envs = domain_envs(cfg)
     model, tokenizer = build_policy(cfg, envs)
+    apply_threads(cfg.threads, model)
     examples = build_examples(cfg, envs, tokenizer)
     metrics = MetricsLogger(run_dir)
 

@@ -12,7 +12,7 @@ from typing import Any
 from assay.agent.groups import collect
 from assay.core.checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from assay.core.config import Config, dump_config
-from assay.core.modeling import load_model, save_model
+from assay.core.modeling import apply_threads, load_model, save_model
 from assay.core.storage import MetricsLogger, TrajectoryWriter, atomic_write
 from assay.core.types import Task, Trajectory
 from assay.mixer.mixer import DomainMixer
@@ -49,6 +49,7 @@ class SyncPipeline:
         else:
             self.model, self.tokenizer = build_policy(cfg, self.envs)
             atomic_write(run_dir / "config.yaml", dump_config(cfg))
+        self.threads = apply_threads(cfg.threads, self.model)
         ref = self._reference_policy() if cfg.train.loss.kl_coef > 0 else None
         self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref)
         self.mixer = DomainMixer(cfg.domains, cfg.mixer, self.envs, seed=cfg.seed)

@@ -21,7 +21,7 @@ def exit_code(result: ExecResult) -> int:
     return result.exit_code
 
 
-def run_command(cmd: list[str], template: str | None, limits: Limits, unsafe: bool) -> int:
+def run_command(cmd: list[str], template: str | None, limits: Limits, unsafe: bool | None = None) -> int:
     """Run `cmd` in a sandbox (starting from `template`, a directory, if given); print its output and, when a
     limit ended it, the status; return the exit code."""
     sandbox = open_sandbox(limits, template, unsafe=unsafe)

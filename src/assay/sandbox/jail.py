@@ -52,6 +52,8 @@ def own_dir(path: str, mode: int = 0o755) -> None:
 def worker(exec_sock: socket.socket, notify_w: int, launcher_pid: int) -> None:
     """pid 1 of a fresh PID namespace: stage, serve one request, exit (and the namespace with us)."""
     kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _host_ppid() != launcher_pid:  # it died before we asked to die with it
+        return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # pid 1 gets only the signals it handles: handle none
     problem, host_pid = None, 0
     try:
@@ -83,6 +85,12 @@ def worker(exec_sock: socket.socket, notify_w: int, launcher_pid: int) -> None:
             conn.sendall(protocol.encode(header, out))
         except OSError:
             pass
+
+
+def _host_ppid() -> int:
+    """Our parent's pid as the host sees it (getppid() says 0: our parent is outside our PID namespace)."""
+    with open("/proc/self/status") as f:  # the launcher's /proc: the host's PID namespace
+        return int(next(line for line in f if line.startswith("PPid:")).split()[1])
 
 
 def _prestage() -> None:

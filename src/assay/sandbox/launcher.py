@@ -272,6 +272,8 @@ def _control(conn: socket.socket, sandboxes: _Sandboxes) -> None:
             sandboxes.release(req["name"])
         elif req["op"] == "template":
             write_template(req["name"], req["entries"], blobs)
+        elif req["op"] != "ping":
+            raise ValueError(f"unknown request {req['op']!r}")
         conn.sendall(protocol.encode(reply))
     except Exception as e:  # noqa: BLE001 - the host gets every failure as an answer
         try:

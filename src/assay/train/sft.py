@@ -71,24 +71,16 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-BUCKET_BATCHES = 16
-
-
-def _batches(lengths: Sequence[int], batch_size: int, rng: random.Random) -> Iterator[list[int]]:
-    """Endless shuffled passes over the indices; a batch may straddle two passes. Each window of
-    BUCKET_BATCHES batches is sorted by length before it is cut, so a batch holds examples of
-    similar length and little compute goes to padding; the batches' order is then shuffled."""
+def _batches(n: int, batch_size: int, rng: random.Random) -> Iterator[list[int]]:
+    """Endless shuffled passes over the indices; a batch may straddle two passes."""
     pending: list[int] = []
-    window = batch_size * BUCKET_BATCHES
     while True:
-        while len(pending) < window:
-            order = list(range(len(lengths)))
+        while len(pending) < batch_size:
+            order = list(range(n))
             rng.shuffle(order)
             pending += order
-        chunk, pending = sorted(pending[:window], key=lambda i: lengths[i]), pending[window:]
-        cut = [chunk[i : i + batch_size] for i in range(0, window, batch_size)]
-        rng.shuffle(cut)
-        yield from cut
+        yield pending[:batch_size]
+        pending = pending[batch_size:]
 
 
 def sft_train(
@@ -116,7 +108,7 @@ def sft_train(
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay
     )
-    batches = _batches([len(ids) for ids, _ in examples], batch_size, random.Random(seed))
+    batches = _batches(len(examples), batch_size, random.Random(seed))
     losses = []
     for step in range(steps):
         rate = lr_at(step, steps, lr, warmup)
