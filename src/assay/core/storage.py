@@ -140,7 +140,7 @@ class MetricsLogger:
 
         self._tb = SummaryWriter(log_dir=str(run_dir / "tb"))
 
-    def log(self, step: int, metrics: dict[str, float], kind: str = "train") -> None:
+    def log(self, step: int, metrics: dict[str, float | str], kind: str = "train") -> None:
         record = {"step": step, "kind": kind, "time": time.time(), **metrics}
         self._file.write(json.dumps(record) + "\n")
         for key, value in metrics.items():

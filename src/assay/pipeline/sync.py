@@ -106,11 +106,11 @@ class SyncPipeline:
                 stats = self.mixer.update(everything)
                 train_metrics = self.trainer.step(kept)
                 self.backend.update_weights(self.trainer.named_weights(), version=step)
-                record = {**train_metrics, "groups_dropped": dropped, "trajectories": len(everything),
+                record = {**train_metrics, "groups_dropped": dropped, "sampled": len(everything),
                           **stats.metrics()}
                 metrics.log(step, record)
                 for warning in stats.warnings:
-                    metrics.log(step, {"seesaw": 1.0}, kind="warning")
+                    metrics.log(step, {"seesaw": warning}, kind="warning")
                     if view:
                         view.warn(f"step {step}: {warning}")
                 if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
