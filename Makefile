@@ -3,7 +3,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: quickstart test lint clean
+.PHONY: quickstart test test-all lint clean
 
 $(PY):
 	python3 -m venv $(VENV)
