@@ -48,5 +48,5 @@ def paired_difference_ci(before: Sequence[Sequence[bool]], after: Sequence[Seque
     """after − before on the same tasks, resampling tasks jointly so task difficulty cancels."""
     if len(before) != len(after):
         raise ValueError("paired comparison needs the same tasks before and after")
-    diff = np.array([pass_at_k(len(a), sum(a), k) - pass_at_k(len(b), sum(b), k) for b, a in zip(before, after)])
+    diff = np.array([pass_at_k(len(a), sum(a), k) - pass_at_k(len(b), sum(b), k) for b, a in zip(before, after, strict=True)])
     return _bootstrap(diff, rounds, seed)
