@@ -84,8 +84,8 @@ def test_parse_errors_and_invalid_calls_are_tool_errors(tok):
     assert ep.calls == [ToolCall("calc", {"expression": "two+3"})]  # only the valid call reached the episode
     tools = [m.content for m in traj.messages if m.role == "tool"]
     assert tools[0].startswith("error: tool call 1:") and "without a closing" in tools[0]
-    assert tools[1] == "error: calc: invalid arguments at expression: 5 is not of type 'string'"
-    assert tools[2] == "error: unknown tool 'sum' (tools: calc)"
+    assert tools[1] == "error: calc: invalid expression: 5 is not of type 'string'"
+    assert tools[2] == "error: unknown tool 'sum'; known tools: calc"
     assert tools[3] == "error: expected a+b"
     assert traj.messages[2] == Message("assistant", '<tool_call>{"name":"calc","arguments":{', [])  # raw text kept
 

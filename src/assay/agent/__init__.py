@@ -3,6 +3,6 @@
 from assay.agent.loop import run_episodes
 from assay.agent.parse import parse_assistant
 from assay.agent.render import sft_example
-from assay.agent.validate import validate_call
+from assay.envs.tools import validate_call
 
 __all__ = ["parse_assistant", "run_episodes", "sft_example", "validate_call"]

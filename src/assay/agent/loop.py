@@ -15,11 +15,11 @@ from transformers import PreTrainedTokenizerBase
 
 from assay.agent.parse import parse_assistant
 from assay.agent.render import observation_ids, prompt_ids, special_id
-from assay.agent.validate import validate_call
 from assay.core.errors import AssayError
 from assay.core.tokenizer import IM_END
 from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observation, Task, Trajectory
 from assay.envs.base import Episode
+from assay.envs.tools import validate_call
 from assay.rollout.base import GenRequest, GenResult, RolloutBackend, SamplingParams
 
 
