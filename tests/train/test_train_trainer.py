@@ -109,6 +109,16 @@ def test_updates_per_batch_reuses_rollout_logprobs():
         assert torch.equal(a, b)
 
 
+def test_warmup_scales_the_first_steps():
+    batch = random_batch(4)
+    trainer = GRPOTrainer(tiny_qwen(), cfg(lr=1e-2, warmup_steps=4))
+    rates = []
+    for _ in range(5):
+        trainer.step(batch)
+        rates.append(trainer.optimizer.param_groups[0]["lr"])
+    assert rates == pytest.approx([2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2])
+
+
 def test_nothing_to_learn_skips_the_step():
     model = tiny_qwen()
     before = copy.deepcopy(model.state_dict())

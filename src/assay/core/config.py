@@ -85,6 +85,7 @@ class TrainConfig(_Strict):
     steps: int = Field(40, gt=0)
     groups_per_step: int = Field(8, gt=0)
     lr: float = Field(3e-4, gt=0)
+    warmup_steps: int = Field(0, ge=0)  # linear LR warmup over the first optimizer steps
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = Field(1.0, gt=0)

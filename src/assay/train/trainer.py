@@ -117,12 +117,21 @@ class GRPOTrainer:
             if not math.isfinite(m["grad_norm"]):  # one bad step would poison the weights and Adam's moments
                 self.optimizer.zero_grad(set_to_none=True)
                 return {**base, **m, **first, "skipped": 1.0, "nonfinite": 1.0, "optimizer_steps": float(self.steps)}
+            self._set_lr()
             self.optimizer.step()
             self.steps += 1
             for k, v in m.items():
                 totals[k] += v
         means = {k: v / self.cfg.updates_per_batch for k, v in totals.items()}
         return {**base, **means, **first, "skipped": 0.0, "optimizer_steps": float(self.steps)}
+
+    def _set_lr(self) -> None:
+        """Linear warmup: Adam's first updates move every weight by about lr whatever the gradient's
+        size, so a fresh optimizer on a noisy RL gradient starts small."""
+        warm = self.cfg.warmup_steps
+        rate = self.cfg.lr * min(1.0, (self.steps + 1) / warm) if warm else self.cfg.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate
 
     def accumulate_gradients(self, batch: Sequence[Trajectory]) -> dict[str, float]:
         """Fill .grad with the batch's loss gradient (no optimizer step); returns the step's metrics."""
