@@ -48,7 +48,7 @@ class SyncPipeline:
             self.model, self.tokenizer = load_model(ckpt)
         else:
             self.model, self.tokenizer = build_policy(cfg, self.envs)
-            atomic_write(run_dir / "config.yaml", dump_config(cfg))
+        atomic_write(run_dir / "config.yaml", dump_config(cfg))  # the config in effect (a resume may override)
         self.threads = apply_threads(cfg.threads, self.model)
         ref = self._reference_policy() if cfg.train.loss.kl_coef > 0 else None
         self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref)
