@@ -4,6 +4,7 @@ Every error is one line naming the key path and what is allowed."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +41,10 @@ class DifficultyRange(_Strict):
     min: int = 1
     max: int = 4
     start: int = 1
+
+    def levels(self, available: Sequence[int]) -> list[int]:
+        """The environment's levels that fall in this range."""
+        return [d for d in available if self.min <= d <= self.max]
 
     @model_validator(mode="after")
     def _order(self) -> DifficultyRange:

@@ -65,7 +65,7 @@ def evaluate(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environmen
     results = {}
     for name, dom in domains.items():
         env = envs[name]
-        levels = [d for d in env.difficulties if dom.difficulty.min <= d <= dom.difficulty.max]
+        levels = dom.difficulty.levels(env.difficulties)
         tasks = eval_tasks(env, name, tasks_per_domain, seed, levels)
         trajs = collect(backend, tokenizer, envs, domains, tasks, samples=n, temperature=temperature, seed=seed)
         results[name] = summarize(name, tasks, trajs, ks)

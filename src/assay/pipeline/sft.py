@@ -21,7 +21,7 @@ def build_examples(cfg: Config, envs: dict[str, Environment], tokenizer: Any) ->
     examples = []
     for dom in cfg.domains:
         env = envs[dom.name]
-        levels = [d for d in env.difficulties if dom.difficulty.min <= d <= dom.difficulty.max]
+        levels = dom.difficulty.levels(env.difficulties)
         rng = random.Random(f"sft:{cfg.seed}:{dom.name}")
         for i in range(cfg.sft.examples_per_domain):
             task = env.generate(rng, levels[i % len(levels)])

@@ -5,7 +5,6 @@ resumed run continues exactly as if it had never stopped."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,6 @@ from assay.pipeline.ui import RunView
 from assay.rollout.hf import HFBackend
 from assay.train.advantages import filter_zero_variance
 from assay.train.trainer import GRPOTrainer
-
-
-@dataclass
-class TrainResult:
-    run_dir: Path
-    steps: int
-    model: Any
-    tokenizer: Any
 
 
 def _sampling_seed(cfg: Config, step: int, attempt: int) -> int:
@@ -95,7 +86,7 @@ class SyncPipeline:
             dropped += more_dropped
         return everything, kept, dropped
 
-    def run(self, view: RunView | None = None) -> TrainResult:
+    def run(self, view: RunView | None = None) -> None:
         cfg = self.cfg
         writer = TrajectoryWriter(self.run_dir / "trajectories")
         metrics = MetricsLogger(self.run_dir)
@@ -119,7 +110,6 @@ class SyncPipeline:
                     view.advance(step, _headline(stats, train_metrics), domain_rows(stats, train_metrics))
         finally:
             metrics.close()
-        return TrainResult(self.run_dir, cfg.train.steps, self.model, self.tokenizer)
 
     def save(self, step: int) -> Path:
         return save_checkpoint(self.run_dir / "checkpoints", step, self.model, self.tokenizer,
