@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import Tensor
+
+from assay.core.errors import AssayError
 
 
 @dataclass
@@ -14,8 +16,10 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability; 0: off
     max_tokens: int = 64
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)  # kept as the last token of the result
+    stop: list[str] = field(default_factory=list)  # stop strings: the result ends with the token completing one
     seed: int | None = None
 
 
@@ -30,8 +34,8 @@ class GenRequest:
 @dataclass
 class GenResult:
     token_ids: list[int]
-    # Logprob of each sampled token under the sampling distribution actually used
-    # (after temperature; before top-p/top-k truncation), i.e. the behaviour policy.
+    # Logprob of each sampled token under the behaviour policy: log_softmax(logits / temperature),
+    # after temperature and before top-k/top-p/min-p truncation (untempered for temperature 0).
     logprobs: list[float]
     finish_reason: str  # stop | length
     policy_version: int
@@ -43,3 +47,33 @@ class RolloutBackend(Protocol):
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None: ...
+
+
+def check_request(r: GenRequest) -> None:
+    p = r.params
+    if not r.prompt_ids:
+        raise AssayError("generate: an empty prompt; every request needs at least one prompt token")
+    if r.n < 1 or p.max_tokens < 1:
+        raise AssayError(f"generate: n and max_tokens must be >= 1, got n={r.n}, max_tokens={p.max_tokens}")
+    if p.temperature < 0 or not 0 < p.top_p <= 1 or p.top_k < 0 or not 0 <= p.min_p < 1:
+        raise AssayError(
+            f"generate: bad sampling params temperature={p.temperature} top_p={p.top_p} top_k={p.top_k} "
+            f"min_p={p.min_p}; need temperature >= 0 (0 = greedy), 0 < top_p <= 1, top_k >= 0 (0 = off), "
+            "0 <= min_p < 1 (0 = off)"
+        )
+    if any(not s for s in p.stop):
+        raise AssayError("generate: an empty stop string; remove it from stop")
+
+
+def stop_string_end(tokenizer: Any, completion: list[int], stops: list[str], window: int | None = None) -> int | None:
+    """The number of completion tokens up to and including the one that completes the first stop
+    string, or None. With `window`, only the last `window` tokens are searched (an incremental check
+    after each new token)."""
+    if not stops:
+        return None
+    start = 0 if window is None else max(0, len(completion) - window)
+    for end in range(start + 1, len(completion) + 1):
+        text = tokenizer.decode(completion[start:end], skip_special_tokens=False)
+        if any(s in text for s in stops):
+            return end
+    return None

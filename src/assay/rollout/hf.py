@@ -19,7 +19,8 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from assay.core.errors import AssayError
 from assay.core.tokenizer import IM_END
-from assay.rollout.base import GenRequest, GenResult, SamplingParams
+from assay.rollout.base import GenRequest, GenResult, SamplingParams, check_request, stop_string_end
+from assay.rollout.weights import copy_weights
 
 
 class HFBackend:
@@ -45,7 +46,7 @@ class HFBackend:
 
     def generate(self, requests: Sequence[GenRequest]) -> list[list[GenResult]]:
         for r in requests:
-            _check(r)
+            check_request(r)
         out: list[list[GenResult]] = [[] for _ in requests]
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(requests):
@@ -76,18 +77,7 @@ class HFBackend:
         return out
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
-        """Copy weights into the model in place; tensors that already are the model's own are skipped."""
-        own = dict(self.model.named_parameters(remove_duplicate=False))
-        own.update(self.model.named_buffers())
-        with torch.no_grad():
-            for name, t in named_tensors:
-                p = own.get(name)
-                if p is None:
-                    raise AssayError(f"update_weights: the rollout model has no tensor {name!r}")
-                if p.shape != t.shape:
-                    raise AssayError(f"update_weights: {name} has shape {tuple(t.shape)}, expected {tuple(p.shape)}")
-                if p.data_ptr() != t.data_ptr():  # a shared model object: nothing to copy
-                    p.copy_(t)
+        copy_weights(self.model, named_tensors)
         self.version = version
 
     # -- internals ------------------------------------------------------------------------------
@@ -109,6 +99,8 @@ class HFBackend:
             temperature=None if greedy else params.temperature,
             top_p=None if greedy else params.top_p,
             top_k=None if greedy else params.top_k,  # 0 disables (None would mean transformers' default 50)
+            min_p=None if greedy or not params.min_p else params.min_p,
+            stop_strings=params.stop or None,
             max_new_tokens=max_new,
             eos_token_id=stop,
             pad_token_id=self.pad_id,
@@ -116,7 +108,8 @@ class HFBackend:
             return_dict_in_generate=True,
             output_logits=True,  # raw logits, before any processor
         )
-        out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen_cfg)
+        out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen_cfg,
+                                  tokenizer=self.tokenizer)
         new = out.sequences[:, width:].cpu()
         logits = torch.stack(out.logits, dim=1).float()  # [rows, steps, vocab]
         if not greedy:
@@ -131,23 +124,13 @@ class HFBackend:
                 if tok in stop_set:
                     end, reason = j + 1, "stop"
                     break
+            cut = stop_string_end(self.tokenizer, toks[:end], params.stop)
+            if cut is not None:
+                end, reason = cut, "stop"
             results.append(GenResult(toks[:end], logp[row, :end].tolist(), reason, self.version))
         return results
 
 
 def _group_key(p: SamplingParams) -> tuple:
     # max_tokens is not part of the key: a batch generates up to the largest and each row is cut to its own.
-    return (p.temperature, p.top_p, p.top_k, tuple(sorted(p.stop_token_ids)), p.seed)
-
-
-def _check(r: GenRequest) -> None:
-    p = r.params
-    if not r.prompt_ids:
-        raise AssayError("generate: an empty prompt; every request needs at least one prompt token")
-    if r.n < 1 or p.max_tokens < 1:
-        raise AssayError(f"generate: n and max_tokens must be >= 1, got n={r.n}, max_tokens={p.max_tokens}")
-    if p.temperature < 0 or not 0 < p.top_p <= 1 or p.top_k < 0:
-        raise AssayError(
-            f"generate: bad sampling params temperature={p.temperature} top_p={p.top_p} top_k={p.top_k}; "
-            "need temperature >= 0 (0 = greedy), 0 < top_p <= 1, top_k >= 0 (0 = off)"
-        )
+    return (p.temperature, p.top_p, p.top_k, p.min_p, tuple(sorted(p.stop_token_ids)), tuple(p.stop), p.seed)

@@ -1,0 +1,198 @@
+"""The native rollout engine: continuous batching over a paged, prefix-cached KV cache.
+
+`Engine` is a RolloutBackend. Requests with the same prompt (the n samples of one request, or the
+G members of a GRPO group submitted as separate requests) are prefilled once: the first becomes
+the leader, the others wait and fork from it when its prefill is done (full blocks shared by
+reference, the last partial block copied) and draw their first token from the leader's logits.
+A multi-turn session needs no id: its previous turn's blocks stay in the prefix cache (the last,
+partly filled one included), so the next turn computes only its new tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence as Seq
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from assay.core.errors import AssayError
+from assay.core.tokenizer import IM_END
+from assay.rollout.base import GenRequest, GenResult, check_request
+from assay.rollout.engine.block_manager import BlockManager
+from assay.rollout.engine.model import PagedModel
+from assay.rollout.engine.model_runner import ModelRunner
+from assay.rollout.engine.sampler import sample
+from assay.rollout.engine.scheduler import Scheduler
+from assay.rollout.engine.sequence import Sequence, Status
+from assay.rollout.weights import copy_weights
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16
+    kv_cache_bytes: int = 512 * 2**20
+    max_batched_tokens: int = 2048  # tokens computed per step (decodes + prefill chunks)
+    max_seqs: int = 256  # sequences running at once
+
+
+class Engine:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None,
+                 config: EngineConfig | None = None) -> None:
+        self.config = cfg = config or EngineConfig()
+        if cfg.block_size < 1 or cfg.max_batched_tokens < 1 or cfg.max_seqs < 1:
+            raise AssayError(f"engine: block_size, max_batched_tokens and max_seqs must be >= 1, got {cfg}")
+        num_blocks = cfg.kv_cache_bytes // PagedModel.bytes_per_block(model, cfg.block_size)
+        if num_blocks < 1:
+            raise AssayError(f"engine: a KV cache of {cfg.kv_cache_bytes} bytes holds no block of "
+                             f"{PagedModel.bytes_per_block(model, cfg.block_size)} bytes; raise rollout.kv_cache_mb")
+        self.model = PagedModel(model, num_blocks, cfg.block_size)
+        self.runner = ModelRunner(self.model)
+        self.blocks = BlockManager(num_blocks, cfg.block_size)
+        self.tokenizer = tokenizer
+        self.version = 0
+        self.default_stop = _default_stop(model, tokenizer)
+        self.last_stats: dict[str, float] = {}
+
+    # -- RolloutBackend -------------------------------------------------------------------------
+
+    def generate(self, requests: Seq[GenRequest]) -> list[list[GenResult]]:
+        t0 = time.perf_counter()
+        for r in requests:
+            check_request(r)
+            self._check_fits(r)
+        sched = Scheduler(self.blocks, self.config.max_batched_tokens, self.config.max_seqs)
+        seqs = self._sequences(requests)
+        for group in seqs:
+            for seq in group:
+                if seq.leader is None:
+                    sched.add(seq)
+        steps = computed = 0
+        was_training = self.model.hf.training
+        self.model.hf.eval()
+        try:
+            while not sched.idle:
+                computed += self._step(sched)
+                steps += 1
+        finally:
+            self.model.hf.train(was_training)
+        prompt_tokens = sum(s.num_prompt for g in seqs for s in g)
+        generated = sum(len(s.completion) for g in seqs for s in g)
+        self.last_stats = {
+            "generate_s": time.perf_counter() - t0, "tokens": float(generated), "prompt_tokens": float(prompt_tokens),
+            "cached_prompt_tokens": float(sched.cached_tokens), "computed_tokens": float(computed),
+            "prefix_hit_rate": sched.cached_tokens / max(prompt_tokens, 1), "steps": float(steps),
+            "preemptions": float(sched.preemptions),
+        }
+        return [[GenResult(s.completion, s.logprobs, s.finish_reason, self.version) for s in g] for g in seqs]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """Copy new weights in place (nothing is reallocated) and drop the prefix cache, whose K/V
+        belong to the old weights."""
+        t0 = time.perf_counter()
+        copy_weights(self.model.hf, named_tensors)
+        self.blocks.reset_cache()
+        self.version = version
+        self.last_stats["weight_update_s"] = time.perf_counter() - t0
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _sequences(self, requests: Seq[GenRequest]) -> list[list[Sequence]]:
+        leaders: dict[tuple[int, ...], Sequence] = {}
+        seed_uses: dict[int, int] = {}
+        out: list[list[Sequence]] = []
+        next_id = 0
+        for r in requests:
+            group = []
+            stop = frozenset(r.params.stop_token_ids or self.default_stop)
+            for _ in range(r.n):
+                gen = None
+                if r.params.seed is not None:  # the k-th sequence of a seed in this call: its own stream
+                    k = seed_uses[r.params.seed] = seed_uses.get(r.params.seed, -1) + 1
+                    state = np.random.SeedSequence([r.params.seed, k]).generate_state(2, dtype=np.uint32)
+                    gen = torch.Generator(device=self.model.device).manual_seed(int(state[0]) << 32 | int(state[1]))
+                seq = Sequence(next_id, list(r.prompt_ids), len(r.prompt_ids), r.params, stop, gen)
+                next_id += 1
+                key = tuple(r.prompt_ids)
+                if key in leaders:
+                    seq.leader = leaders[key]
+                    leaders[key].followers.append(seq)
+                else:
+                    leaders[key] = seq
+                group.append(seq)
+            out.append(group)
+        return out
+
+    def _check_fits(self, r: GenRequest) -> None:
+        longest = min(len(r.prompt_ids) + r.params.max_tokens, self.model.max_positions)
+        need = -(-longest // self.config.block_size)
+        if len(r.prompt_ids) >= self.model.max_positions:
+            raise AssayError(f"generate: a prompt of {len(r.prompt_ids)} tokens leaves no room in the model's "
+                             f"{self.model.max_positions} positions; shorten it")
+        if need > len(self.blocks.blocks):
+            raise AssayError(f"generate: a sequence of up to {longest} tokens needs {need} KV blocks, the cache "
+                             f"has {len(self.blocks.blocks)}; raise rollout.kv_cache_mb or lower max_tokens")
+
+    def _step(self, sched: Scheduler) -> int:
+        plan = sched.schedule()
+        if not plan:
+            raise AssayError("engine: nothing could be scheduled (the KV cache is too small for the waiting "
+                             "sequence); raise rollout.kv_cache_mb")
+        done = [seq for seq, n in plan if n == seq.num_uncomputed]
+        logits = self.runner.run(plan, done)
+        for seq, n in plan:
+            self.blocks.computed(seq, seq.num_computed + n)
+        rows, samplers = [], []
+        for i, seq in enumerate(done):
+            rows.append(i)
+            samplers.append(seq)
+            for f in seq.followers:  # prefilled once; each follower forks and samples its own first token
+                if f.status is Status.WAITING and not f.block_table:
+                    copy = self.blocks.fork(seq, f)
+                    if copy is None:  # no block to copy into: prefill it normally (its prefix is cached)
+                        f.leader = None
+                        sched.add(f, front=True)
+                        continue
+                    if copy[0] >= 0:
+                        self.model.copy_block(*copy)
+                    sched.cached_tokens += f.num_prompt
+                    sched.start(f)
+                    rows.append(i)
+                    samplers.append(f)
+            seq.followers = []
+        tokens, logprobs = sample(logits[rows], [s.params for s in samplers], [s.generator for s in samplers])
+        for seq, tok, lp in zip(samplers, tokens, logprobs, strict=True):
+            seq.tokens.append(tok)
+            seq.logprobs.append(lp)
+            reason = self._finish_reason(seq, tok)
+            if reason:
+                seq.finish_reason = reason
+                sched.finish(seq)
+                self.blocks.release(seq, keep_partial=True)
+        return sum(n for _, n in plan)
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> str:
+        if tok in seq.stop_ids:
+            return "stop"
+        if seq.params.stop and self.tokenizer is not None:  # checked every token: a match is new
+            window = max(len(s) for s in seq.params.stop) + 4  # tokens, each at least one byte
+            text = self.tokenizer.decode(seq.completion[-window:], skip_special_tokens=False)
+            if any(s in text for s in seq.params.stop):
+                return "stop"
+        if len(seq.completion) >= seq.params.max_tokens or len(seq.tokens) >= self.model.max_positions:
+            return "length"
+        return ""
+
+
+def _default_stop(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> list[int]:
+    if tokenizer is not None:
+        im_end = tokenizer.convert_tokens_to_ids(IM_END)
+        if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+            return [im_end]
+        if tokenizer.eos_token_id is not None:
+            return [tokenizer.eos_token_id]
+    eos = model.generation_config.eos_token_id if model.generation_config else None
+    return [eos] if isinstance(eos, int) else list(eos or [])

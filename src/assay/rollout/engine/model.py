@@ -1,0 +1,142 @@
+"""The Qwen2/Llama forward pass over a paged KV cache, on the very tensors of a Hugging Face model.
+
+No weight is copied: the engine reads the parameters of the `PreTrainedModel` it was given, so the
+trainer's optimizer steps (or `update_weights` copying into them) are what the engine runs next.
+Supported: RMSNorm, RoPE with every Hugging Face scaling type (the frequencies and attention
+factor come from the model's own rotary module, so linear, dynamic, yarn and llama3 match it
+exactly within max_position_embeddings), grouped-query attention, SwiGLU (the model's activation),
+QKV and MLP biases, tied embeddings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from assay.core.errors import AssayError
+
+SUPPORTED = ("qwen2", "llama")
+
+
+@dataclass
+class AttentionGroup:
+    """Sequences whose attention runs as one padded batch (decodes together, prefills together)."""
+
+    rows: Tensor  # [B, Tq] packed token index of each query row (padding repeats a valid index)
+    block_tables: Tensor  # [B, M] cache blocks of each sequence (padding: block 0, masked out)
+    mask: Tensor  # [B, 1, Tq, M * block_size] True where a query may attend
+    valid: Tensor | None  # [B * Tq] which query rows are real; None when all are
+
+
+@dataclass
+class Batch:
+    tokens: Tensor  # [T] every token computed this step, sequence after sequence
+    positions: Tensor  # [T]
+    slots: Tensor  # [T] cache slot (block * block_size + offset) each token's K/V is written to
+    groups: list[AttentionGroup]
+    logits_at: Tensor  # [N] packed indices whose next-token logits are needed
+
+
+class PagedModel:
+    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int) -> None:
+        cfg = model.config
+        if cfg.model_type not in SUPPORTED:
+            raise AssayError(f"the engine runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}; "
+                             "use rollout.backend=hf for other architectures")
+        if getattr(cfg, "use_sliding_window", False):
+            raise AssayError("the engine does not implement sliding-window attention; use rollout.backend=hf")
+        self.hf = model
+        inner = model.model
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        self.max_positions = cfg.max_position_embeddings
+        self.block_size = block_size
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        self.lm_head = model.lm_head
+        self.layers = inner.layers
+        param = next(model.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        rotary = inner.rotary_emb
+        with torch.no_grad():
+            pos = torch.arange(self.max_positions, device=self.device, dtype=torch.float32)
+            inv_freq = getattr(rotary, "original_inv_freq", rotary.inv_freq)  # as initialized, before any dynamic growth
+            freqs = pos[:, None] * inv_freq.to(self.device, torch.float32)[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self.cos = (emb.cos() * rotary.attention_scaling).to(self.dtype)
+            self.sin = (emb.sin() * rotary.attention_scaling).to(self.dtype)
+        shape = (len(self.layers), num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    @staticmethod
+    def bytes_per_block(model: PreTrainedModel, block_size: int) -> int:
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        itemsize = next(model.parameters()).element_size()
+        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * head_dim * itemsize
+
+    def copy_block(self, src: int, dst: int) -> None:
+        self.k_cache[:, dst].copy_(self.k_cache[:, src])
+        self.v_cache[:, dst].copy_(self.v_cache[:, src])
+
+    @torch.inference_mode()
+    def forward(self, batch: Batch) -> Tensor:
+        """Write the K/V of `batch.tokens` into the cache and return float32 logits at `logits_at`."""
+        h = F.embedding(batch.tokens, self.embed)
+        cos, sin = self.cos[batch.positions][:, None, :], self.sin[batch.positions][:, None, :]
+        T = h.shape[0]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = _rms_norm(h, layer.input_layernorm.weight, self.eps)
+            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(T, self.num_heads, self.head_dim)
+            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(T, self.num_kv_heads, self.head_dim)
+            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(T, self.num_kv_heads, self.head_dim)
+            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            kc = self.k_cache[i].view(-1, self.num_kv_heads, self.head_dim)
+            vc = self.v_cache[i].view(-1, self.num_kv_heads, self.head_dim)
+            kc.index_copy_(0, batch.slots, k)  # written before attention reads: a sibling in the same
+            vc.index_copy_(0, batch.slots, v)  # batch may attend to these very slots
+            out = self._attention(q, self.k_cache[i], self.v_cache[i], batch.groups)
+            h = h + F.linear(out.view(T, -1), attn.o_proj.weight, attn.o_proj.bias)
+            x = _rms_norm(h, layer.post_attention_layernorm.weight, self.eps)
+            mlp = layer.mlp
+            gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+            h = h + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        last = _rms_norm(h[batch.logits_at], self.norm, self.eps)
+        return self.lm_head(last).float()
+
+    def _attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, groups: list[AttentionGroup]) -> Tensor:
+        out = torch.empty_like(q)
+        for g in groups:
+            B, Tq = g.rows.shape
+            qg = q[g.rows].transpose(1, 2)  # [B, H, Tq, D]
+            kg = k_cache[g.block_tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, M * bs, D]
+            vg = v_cache[g.block_tables].flatten(1, 2).transpose(1, 2)
+            o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=True)
+            o = o.transpose(1, 2).reshape(B * Tq, self.num_heads, self.head_dim)
+            rows = g.rows.reshape(-1)
+            if g.valid is None:
+                out[rows] = o
+            else:
+                out[rows[g.valid]] = o[g.valid]
+        return out
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,56 @@
+"""Next-token sampling, one row of logits per sequence.
+
+Each returned logprob is log_softmax(logits / temperature) of the sampled token: the tempered
+distribution before top-k / top-p / min-p truncation (for temperature 0, greedy, the untempered
+log_softmax). It is what the trainer recomputes from its own forward pass, so the two compare
+token by token; truncation is left out because the trainer cannot know the truncated support
+(with top_p=1, top_k=0, min_p=0, the RL default, the two coincide).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from assay.rollout.base import SamplingParams
+
+
+def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> tuple[list[int], list[float]]:
+    """logits [N, V] float32 -> (token ids, their logprobs), one per row."""
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=logits.dtype,
+                         device=logits.device)
+    logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+    tokens = logp.argmax(dim=-1)
+    stochastic = [i for i, p in enumerate(params) if p.temperature > 0]
+    if stochastic:
+        probs = _truncate(logp[stochastic].exp(), [params[i] for i in stochastic])
+        seeded = [j for j, i in enumerate(stochastic) if generators[i] is not None]
+        free = [j for j, i in enumerate(stochastic) if generators[i] is None]
+        picked = torch.empty(len(stochastic), dtype=torch.long, device=logits.device)
+        for j in seeded:  # a seeded sequence draws from its own stream: independent of batch composition
+            picked[j] = torch.multinomial(probs[j], 1, generator=generators[stochastic[j]])[0]
+        if free:
+            picked[free] = torch.multinomial(probs[free], 1).squeeze(-1)
+        tokens[stochastic] = picked
+    chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens.tolist(), chosen.tolist()
+
+
+def _truncate(probs: Tensor, params: list[SamplingParams]) -> Tensor:
+    """Zero the tokens that top-k, top-p and min-p exclude (rows without them stay as they are)."""
+    top_k = [p.top_k for p in params]
+    top_p = [p.top_p for p in params]
+    min_p = [p.min_p for p in params]
+    if any(min_p):
+        floor = torch.tensor(min_p, dtype=probs.dtype, device=probs.device)[:, None] * probs.max(-1, keepdim=True).values
+        probs = probs.masked_fill(probs < floor, 0.0)
+    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+        k = torch.tensor([k if k > 0 else probs.shape[-1] for k in top_k], device=probs.device)[:, None]
+        # keep a token while the mass strictly before it is below top_p (the top token always stays)
+        before = sorted_p.cumsum(-1) - sorted_p
+        p = torch.tensor(top_p, dtype=probs.dtype, device=probs.device)[:, None]
+        keep = (rank < k) & (before < p * sorted_p.sum(-1, keepdim=True))
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+    return probs
