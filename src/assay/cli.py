@@ -83,16 +83,21 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in
           n: Annotated[int, typer.Option(help="samples per task")] = 8,
           tasks: Annotated[int, typer.Option(help="tasks per environment")] = 64,
           difficulty: Annotated[list[int] | None, typer.Option(help="levels to cover (default: all)")] = None,
-          temperature: float = 1.0, seed: int = 1_000_003, max_new_tokens: int = 64, max_turns: int = 4) -> None:
+          temperature: float = 1.0, seed: int = 1_000_003, max_new_tokens: int = 64, max_turns: int = 4,
+          backend: Annotated[str, typer.Option(help="rollout backend: engine or hf")] = "engine") -> None:
     """pass@1 and pass@k with 95% confidence intervals on held-out tasks."""
     from rich.table import Table
 
-    from assay.core.config import DifficultyRange, DomainConfig
+    from assay.core.config import DifficultyRange, DomainConfig, RolloutConfig
+    from assay.core.errors import ConfigError
     from assay.core.modeling import apply_threads, load_model
     from assay.envs.registry import get_env
     from assay.eval.evaluate import evaluate
-    from assay.rollout.hf import HFBackend
+    from assay.rollout.factory import make_backend
 
+    if backend not in ("engine", "hf"):
+        raise ConfigError(f"--backend must be engine or hf, got {backend!r}")
+    rollout = RolloutConfig(backend=backend)
     envs = {spec: get_env(spec) for spec in env}
     domains = {}
     for spec, e in envs.items():
@@ -102,7 +107,7 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in
     model, tokenizer = load_model(checkpoint)
     apply_threads(0, model)
     ks = sorted({1, *(k for k in (2, 4, 8, 16) if k <= n)})
-    results = evaluate(HFBackend(model, tokenizer), tokenizer, envs, domains, tasks, n, seed, temperature, ks)
+    results = evaluate(make_backend(rollout, model, tokenizer), tokenizer, envs, domains, tasks, n, seed, temperature, ks)
     table = Table(title=f"{checkpoint}: {tasks} tasks × {n} samples, 95% bootstrap CIs")
     table.add_column("environment")
     for k in ks:

@@ -113,7 +113,11 @@ class SFTConfig(_Strict):
 
 
 class RolloutConfig(_Strict):
-    backend: Literal["hf"] = "hf"
+    backend: Literal["engine", "hf"] = "engine"  # engine: paged KV, prefix cache; hf: transformers generate
+    block_size: int = Field(16, gt=0)  # engine: tokens per KV block
+    kv_cache_mb: int = Field(512, gt=0)  # engine: KV cache budget
+    max_batched_tokens: int = Field(2048, gt=0)  # engine: tokens computed per step
+    max_seqs: int = Field(256, gt=0)  # engine: sequences running at once
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)

@@ -21,7 +21,7 @@ from assay.pipeline.policy import domain_envs
 from assay.pipeline.sft import run_sft
 from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
-from assay.rollout.hf import HFBackend
+from assay.rollout.factory import make_backend
 
 
 def default_config_text() -> str:
@@ -37,7 +37,7 @@ def default_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:
 def evaluate_policy(cfg: Config, policy_dir: Path) -> dict[str, DomainEval]:
     model, tokenizer = load_model(policy_dir)
     envs = domain_envs(cfg)
-    return evaluate(HFBackend(model, tokenizer), tokenizer, envs, {d.name: d for d in cfg.domains},
+    return evaluate(make_backend(cfg.rollout, model, tokenizer), tokenizer, envs, {d.name: d for d in cfg.domains},
                     cfg.eval.tasks_per_domain, cfg.eval.n, cfg.eval.seed, cfg.eval.temperature)
 
 

@@ -18,7 +18,7 @@ from assay.mixer.mixer import DomainMixer
 from assay.mixer.stats import DomainStats
 from assay.pipeline.policy import build_policy, domain_envs
 from assay.pipeline.ui import RunView
-from assay.rollout.hf import HFBackend
+from assay.rollout.factory import make_backend
 from assay.train.advantages import filter_zero_variance
 from assay.train.trainer import GRPOTrainer
 
@@ -49,7 +49,7 @@ class SyncPipeline:
             self.mixer.load_state_dict(state["mixer"])
             set_rng_state(blob["rng"])
             self.start_step = state["step"]
-        self.backend = HFBackend(self.model, self.tokenizer)
+        self.backend = make_backend(cfg.rollout, self.model, self.tokenizer)
         self.backend.update_weights([], version=self.start_step)
 
     def _reference_policy(self) -> Any:

@@ -109,12 +109,12 @@ class Engine:
             group = []
             stop = frozenset(r.params.stop_token_ids or self.default_stop)
             for _ in range(r.n):
-                gen = None
+                stream = None
                 if r.params.seed is not None:  # the k-th sequence of a seed in this call: its own stream
                     k = seed_uses[r.params.seed] = seed_uses.get(r.params.seed, -1) + 1
-                    state = np.random.SeedSequence([r.params.seed, k]).generate_state(2, dtype=np.uint32)
-                    gen = torch.Generator(device=self.model.device).manual_seed(int(state[0]) << 32 | int(state[1]))
-                seq = Sequence(next_id, list(r.prompt_ids), len(r.prompt_ids), r.params, stop, gen)
+                    hi, lo = np.random.SeedSequence([r.params.seed, k]).generate_state(2, dtype=np.uint32)
+                    stream = int(hi) << 32 | int(lo)
+                seq = Sequence(next_id, list(r.prompt_ids), len(r.prompt_ids), r.params, stop, stream)
                 next_id += 1
                 key = tuple(r.prompt_ids)
                 if key in leaders:
@@ -163,7 +163,8 @@ class Engine:
                     rows.append(i)
                     samplers.append(f)
             seq.followers = []
-        tokens, logprobs = sample(logits[rows], [s.params for s in samplers], [s.generator for s in samplers])
+        tokens, logprobs = sample(logits[rows], [s.params for s in samplers], [s.stream for s in samplers],
+                                  [len(s.tokens) for s in samplers])
         for seq, tok, lp in zip(samplers, tokens, logprobs, strict=True):
             seq.tokens.append(tok)
             seq.logprobs.append(lp)

@@ -15,8 +15,13 @@ from torch import Tensor
 from assay.rollout.base import SamplingParams
 
 
-def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> tuple[list[int], list[float]]:
-    """logits [N, V] float32 -> (token ids, their logprobs), one per row."""
+def sample(logits: Tensor, params: list[SamplingParams], streams: list[int | None],
+           positions: list[int]) -> tuple[list[int], list[float]]:
+    """logits [N, V] float32 -> (token ids, their logprobs), one per row.
+
+    A row with a stream key (a seeded request) draws its uniform from a counter-based generator keyed
+    by (stream, position): its samples depend on nothing else, not on the batch it shares, nor on a
+    preemption. Rows without one draw from torch's global generator."""
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=logits.dtype,
                          device=logits.device)
     logp = torch.log_softmax(logits / temps[:, None], dim=-1)
@@ -24,16 +29,26 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
     stochastic = [i for i, p in enumerate(params) if p.temperature > 0]
     if stochastic:
         probs = _truncate(logp[stochastic].exp(), [params[i] for i in stochastic])
-        seeded = [j for j, i in enumerate(stochastic) if generators[i] is not None]
-        free = [j for j, i in enumerate(stochastic) if generators[i] is None]
-        picked = torch.empty(len(stochastic), dtype=torch.long, device=logits.device)
-        for j in seeded:  # a seeded sequence draws from its own stream: independent of batch composition
-            picked[j] = torch.multinomial(probs[j], 1, generator=generators[stochastic[j]])[0]
-        if free:
-            picked[free] = torch.multinomial(probs[free], 1).squeeze(-1)
-        tokens[stochastic] = picked
+        u = torch.rand(len(stochastic), dtype=torch.float64)
+        for j, i in enumerate(stochastic):
+            if streams[i] is not None:
+                u[j] = _uniform(streams[i], positions[i])
+        cdf = probs.double().cumsum(-1)
+        picked = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True).squeeze(-1)
+        tokens[stochastic] = picked.clamp_(max=probs.shape[-1] - 1)
     chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
     return tokens.tolist(), chosen.tolist()
+
+
+_MASK = 2**64 - 1
+
+
+def _uniform(key: int, counter: int) -> float:
+    """A uniform in [0, 1) from (key, counter) by SplitMix64: cheap, stateless, well mixed."""
+    z = (key + (counter + 1) * 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return ((z ^ (z >> 31)) >> 11) * 2.0**-53
 
 
 def _truncate(probs: Tensor, params: list[SamplingParams]) -> Tensor:

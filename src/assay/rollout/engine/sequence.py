@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-import torch
-
 from assay.rollout.base import SamplingParams
 
 
@@ -24,7 +22,7 @@ class Sequence:
     num_prompt: int
     params: SamplingParams
     stop_ids: frozenset[int]
-    generator: torch.Generator | None  # a seeded request samples from its own stream
+    stream: int | None  # a seeded request's own random stream (see sampler.sample)
     status: Status = Status.WAITING
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0  # leading tokens whose K/V are in the cache

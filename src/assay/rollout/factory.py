@@ -1,0 +1,19 @@
+"""Build the configured rollout backend around a policy model."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from assay.core.config import RolloutConfig
+from assay.rollout.base import RolloutBackend
+
+
+def make_backend(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutBackend:
+    if cfg.backend == "hf":
+        from assay.rollout.hf import HFBackend
+
+        return HFBackend(model, tokenizer)
+    from assay.rollout.engine import Engine, EngineConfig
+
+    return Engine(model, tokenizer, EngineConfig(block_size=cfg.block_size, kv_cache_bytes=cfg.kv_cache_mb * 2**20,
+                                                 max_batched_tokens=cfg.max_batched_tokens, max_seqs=cfg.max_seqs))

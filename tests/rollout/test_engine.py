@@ -1,0 +1,196 @@
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from assay.core.errors import AssayError
+from assay.rollout.base import GenRequest, SamplingParams
+from assay.rollout.engine import Engine, EngineConfig
+from assay.rollout.hf import HFBackend
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[10_000])  # no stop: full lengths compared
+
+
+def spread(model):
+    """Random weights at 4x the usual scale: decisive logits, so greedy never rides on a near tie."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def policy(model):
+    return spread(model)
+
+
+def random_prompts(vocab, count, max_len=60, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (int(torch.randint(1, max_len, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(count)]
+
+
+def hf_greedy(model, tok, prompts, params=GREEDY):
+    hf = HFBackend(model, tok)
+    return [hf.generate([GenRequest(p, params)])[0][0].token_ids for p in prompts]
+
+
+def engine_tokens(engine, prompts, params=GREEDY):
+    return [r[0].token_ids for r in engine.generate([GenRequest(p, params) for p in prompts])]
+
+
+def block_bytes(model, block_size=16):
+    from assay.rollout.engine.model import PagedModel
+
+    return PagedModel.bytes_per_block(model, block_size)
+
+
+def test_greedy_matches_hf_generate_with_and_without_prefix_hits(tok, policy):
+    prompts = random_prompts(len(tok), 16)
+    shared = [prompts[0][:40] + p for p in random_prompts(len(tok), 6, seed=2)]  # a common 40-token prefix
+    want = hf_greedy(policy, tok, prompts + shared)
+    engine = Engine(policy, tok, EngineConfig(max_batched_tokens=48))  # chunked prefill in play
+    assert engine_tokens(engine, prompts + shared) == want
+    assert engine.last_stats["prefix_hit_rate"] > 0  # the shared prefix was computed once
+    assert engine_tokens(engine, prompts + shared) == want  # a second pass is served from the cache
+    assert engine.last_stats["prefix_hit_rate"] > 0.5
+
+
+def test_greedy_matches_hf_generate_under_forced_preemption(tok, policy):
+    prompts = random_prompts(len(tok), 12)
+    engine = Engine(policy, tok, EngineConfig(kv_cache_bytes=12 * block_bytes(policy), max_batched_tokens=64))
+    assert engine_tokens(engine, prompts) == hf_greedy(policy, tok, prompts)
+    assert engine.last_stats["preemptions"] > 0
+
+
+@pytest.mark.parametrize("arch,rope", [
+    ("llama", {"rope_type": "default"}),
+    ("llama", {"rope_type": "linear", "factor": 2.0}),
+    ("llama", {"rope_type": "dynamic", "factor": 2.0}),
+    ("llama", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    ("llama", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}),
+    ("qwen2", {"rope_type": "linear", "factor": 3.0}),
+])
+def test_greedy_matches_hf_for_each_architecture_and_rope_scaling(tok, arch, rope):
+    common = dict(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=96, max_position_embeddings=256,
+                  rope_parameters={"rope_theta": 10000.0, **rope}, pad_token_id=tok.pad_token_id,
+                  eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=arch == "qwen2")
+    torch.manual_seed(3)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(attention_bias=True, mlp_bias=True, **common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    spread(model)
+    prompts = random_prompts(len(tok), 6, max_len=120)
+    assert engine_tokens(Engine(model, tok), prompts) == hf_greedy(model, tok, prompts)
+
+
+def recomputed_logprobs(model, prompt, sampled, temperature):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + sampled])).logits[0].float() / temperature
+    return torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].gather(-1, torch.tensor(sampled)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_match_the_trainers_recomputation(tok, policy, temperature):
+    engine = Engine(policy, tok)
+    prompts = random_prompts(len(tok), 5)
+    params = SamplingParams(temperature=temperature, max_tokens=30, seed=4)
+    for prompt, group in zip(prompts, engine.generate([GenRequest(p, params, n=3) for p in prompts]), strict=True):
+        for res in group:
+            want = recomputed_logprobs(policy, prompt, res.token_ids, temperature)
+            assert torch.allclose(torch.tensor(res.logprobs), want, atol=1e-4)
+
+
+def test_a_group_is_prefilled_once_and_its_samples_are_independent(tok, policy):
+    engine = Engine(policy, tok)
+    prompt = random_prompts(len(tok), 1, max_len=200, seed=5)[0] + [1] * 100
+    params = SamplingParams(temperature=1.0, max_tokens=16, seed=9)
+    # the G members of a GRPO group arrive as separate requests (the agent loop's shape)
+    group = [r[0] for r in engine.generate([GenRequest(prompt, params) for _ in range(8)])]
+    assert engine.last_stats["prefix_hit_rate"] >= 7 / 8
+    assert len({tuple(r.token_ids) for r in group}) > 1
+    for res in group:
+        assert torch.allclose(torch.tensor(res.logprobs), recomputed_logprobs(policy, prompt, res.token_ids, 1.0),
+                              atol=1e-4)
+
+
+def test_seeded_requests_reproduce_and_unseeded_ones_vary(tok, policy):
+    engine = Engine(policy, tok)
+    prompts = random_prompts(len(tok), 4)
+
+    def draw(seed):
+        return [[r.token_ids for r in g] for g in
+                engine.generate([GenRequest(p, SamplingParams(max_tokens=12, seed=seed), n=2) for p in prompts])]
+
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
+    assert draw(None) != draw(None)
+
+
+def test_truncation_keeps_samples_inside_top_k(tok, policy):
+    engine = Engine(policy, tok)
+    prompt = random_prompts(len(tok), 1)[0]
+    with torch.no_grad():
+        logits = policy(torch.tensor([prompt])).logits[0, -1]
+    top2 = set(logits.topk(2).indices.tolist())
+    for params in (SamplingParams(max_tokens=1, top_k=2, seed=1), SamplingParams(max_tokens=1, min_p=0.999, seed=1),
+                   SamplingParams(max_tokens=1, top_p=1e-6, seed=1)):
+        firsts = {r.token_ids[0] for r in engine.generate([GenRequest(prompt, params, n=16)])[0]}
+        assert firsts <= top2
+        if params.top_k != 2:
+            assert firsts == {int(logits.argmax())}
+
+
+def test_stop_tokens_and_stop_strings_end_a_sample(tok, policy):
+    engine = Engine(policy, tok)
+    prompt = random_prompts(len(tok), 1)[0]
+    free = engine_tokens(engine, [prompt])[0]
+    stop_tok = free[5]
+    cut = engine_tokens(engine, [prompt], SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop_tok]))[0]
+    assert cut == free[: free.index(stop_tok) + 1]
+    text = tok.decode(free[10:12])
+    res = engine.generate([GenRequest(prompt, SamplingParams(temperature=0, max_tokens=40, stop=[text]))])[0][0]
+    assert res.finish_reason == "stop" and text in tok.decode(res.token_ids) and len(res.token_ids) <= 12
+
+
+def test_a_multi_turn_session_computes_only_its_new_tokens(tok, policy):
+    engine = Engine(policy, tok)
+    history = random_prompts(len(tok), 1, seed=11)[0]
+    for _ in range(3):
+        res = engine.generate([GenRequest(history, GREEDY)])[0][0]
+        history = history + res.token_ids + [5, 6, 7, 8, 9]  # the sample, then a tool observation
+        computed = engine.last_stats["computed_tokens"]
+    # the last turn computed its observation and the previous turn's final token, then its own samples
+    assert computed == 1 + 5 + 40 - 1
+
+
+def test_update_weights_is_in_place_and_drops_the_cache(tok, model):
+    import copy
+
+    policy = spread(copy.deepcopy(model))
+    other = spread(copy.deepcopy(model))
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    engine = Engine(policy, tok)
+    prompts = random_prompts(len(tok), 4)
+    engine_tokens(engine, prompts)
+    ptrs = [p.data_ptr() for p in policy.parameters()]
+    engine.update_weights(other.named_parameters(), version=3)
+    assert [p.data_ptr() for p in policy.parameters()] == ptrs
+    assert engine_tokens(engine, prompts) == hf_greedy(other, tok, prompts)
+    assert engine.last_stats["prefix_hit_rate"] == 0  # nothing served from the old weights' K/V
+    assert engine.generate([GenRequest(prompts[0], GREEDY)])[0][0].policy_version == 3
+
+
+def test_bad_requests_get_clear_errors(tok, policy):
+    engine = Engine(policy, tok, EngineConfig(kv_cache_bytes=2 * block_bytes(policy)))
+    with pytest.raises(AssayError, match="KV blocks"):
+        engine.generate([GenRequest([1] * 40, SamplingParams(max_tokens=10))])
+    with pytest.raises(AssayError, match="no room"):
+        Engine(policy, tok).generate([GenRequest([1] * 300, SamplingParams())])
+    with pytest.raises(AssayError, match="min_p"):
+        engine.generate([GenRequest([1], SamplingParams(min_p=1.5))])
