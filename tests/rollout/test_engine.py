@@ -56,6 +56,13 @@ def test_greedy_matches_hf_generate_with_and_without_prefix_hits(tok, policy):
     assert engine.last_stats["prefix_hit_rate"] > 0.5
 
 
+def test_greedy_groups_fork_and_share_their_prefix_exactly(tok, policy):
+    prompts = random_prompts(len(tok), 5, max_len=120, seed=3)
+    engine = Engine(policy, tok)
+    groups = engine.generate([GenRequest(p, GREEDY, n=4) for p in prompts])  # forks + shared-prefix attention
+    assert [[r.token_ids for r in g] for g in groups] == [[w] * 4 for w in hf_greedy(policy, tok, prompts)]
+
+
 def test_greedy_matches_hf_generate_under_forced_preemption(tok, policy):
     prompts = random_prompts(len(tok), 12)
     engine = Engine(policy, tok, EngineConfig(kv_cache_bytes=12 * block_bytes(policy), max_batched_tokens=64))

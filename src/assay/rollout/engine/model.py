@@ -18,18 +18,9 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from assay.core.errors import AssayError
+from assay.rollout.engine.attention import AttentionGroup, paged_attention
 
 SUPPORTED = ("qwen2", "llama")
-
-
-@dataclass
-class AttentionGroup:
-    """Sequences whose attention runs as one padded batch (decodes together, prefills together)."""
-
-    rows: Tensor  # [B, Tq] packed token index of each query row (padding repeats a valid index)
-    block_tables: Tensor  # [B, M] cache blocks of each sequence (padding: block 0, masked out)
-    mask: Tensor  # [B, 1, Tq, M * block_size] True where a query may attend
-    valid: Tensor | None  # [B * Tq] which query rows are real; None when all are
 
 
 @dataclass
@@ -103,7 +94,7 @@ class PagedModel:
             vc = self.v_cache[i].view(-1, self.num_kv_heads, self.head_dim)
             kc.index_copy_(0, batch.slots, k)  # written before attention reads: a sibling in the same
             vc.index_copy_(0, batch.slots, v)  # batch may attend to these very slots
-            out = self._attention(q, self.k_cache[i], self.v_cache[i], batch.groups)
+            out = paged_attention(q, self.k_cache[i], self.v_cache[i], batch.groups)
             h = h + F.linear(out.view(T, -1), attn.o_proj.weight, attn.o_proj.bias)
             x = _rms_norm(h, layer.post_attention_layernorm.weight, self.eps)
             mlp = layer.mlp
@@ -113,28 +104,9 @@ class PagedModel:
         last = _rms_norm(h[batch.logits_at], self.norm, self.eps)
         return self.lm_head(last).float()
 
-    def _attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, groups: list[AttentionGroup]) -> Tensor:
-        out = torch.empty_like(q)
-        for g in groups:
-            B, Tq = g.rows.shape
-            qg = q[g.rows].transpose(1, 2)  # [B, H, Tq, D]
-            kg = k_cache[g.block_tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, M * bs, D]
-            vg = v_cache[g.block_tables].flatten(1, 2).transpose(1, 2)
-            o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=True)
-            o = o.transpose(1, 2).reshape(B * Tq, self.num_heads, self.head_dim)
-            rows = g.rows.reshape(-1)
-            if g.valid is None:
-                out[rows] = o
-            else:
-                out[rows[g.valid]] = o[g.valid]
-        return out
-
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    dtype = x.dtype
-    x = x.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x.to(dtype)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)  # in float32, as HF does
 
 
 def _rotate_half(x: Tensor) -> Tensor:

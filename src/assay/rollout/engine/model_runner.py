@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import torch
 from torch import Tensor
 
-from assay.rollout.engine.model import AttentionGroup, Batch, PagedModel
+from assay.rollout.engine.attention import AttentionGroup, SharedPrefix
+from assay.rollout.engine.model import Batch, PagedModel
 from assay.rollout.engine.sequence import Sequence
 
 
@@ -25,7 +28,7 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         last: dict[int, int] = {}
-        decodes: list[tuple[Sequence, int, int]] = []
+        decodes: list[tuple[Sequence, int]] = []
         prefills: list[tuple[Sequence, int, int]] = []
         for seq, n in plan:
             start = len(tokens)
@@ -35,9 +38,16 @@ class ModelRunner:
             table = seq.block_table
             slots += [table[p // bs] * bs + p % bs for p in range(lo, lo + n)]
             last[id(seq)] = start + n - 1
-            (decodes if n == 1 else prefills).append((seq, start, n))
+            if n == 1:
+                decodes.append((seq, start))
+            else:
+                prefills.append((seq, start, n))
+        groups = []
+        if decodes:
+            groups.append(self._decode_group(decodes))
+        if prefills:
+            groups.append(self._prefill_group(prefills))
         device = self.model.device
-        groups = [self._group(g, device) for g in (decodes, prefills) if g]
         return Batch(
             tokens=torch.tensor(tokens, dtype=torch.long, device=device),
             positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -46,20 +56,82 @@ class ModelRunner:
             logits_at=torch.tensor([last[id(s)] for s in sampling], dtype=torch.long, device=device),
         )
 
-    def _group(self, members: list[tuple[Sequence, int, int]], device: torch.device) -> AttentionGroup:
+    def _prefill_group(self, members: list[tuple[Sequence, int, int]]) -> AttentionGroup:
         bs = self.block_size
         tq = max(n for _, _, n in members)
         width = max(-(-(seq.num_computed + n) // bs) for seq, _, n in members)
-        rows = torch.tensor([[start + min(t, n - 1) for t in range(tq)] for _, start, n in members], dtype=torch.long)
-        tables = torch.tensor([seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table)))
-                               for seq, _, _ in members], dtype=torch.long)
+        rows = torch.tensor([[start + min(t, n - 1) for t in range(tq)] for _, start, n in members])
         first = torch.tensor([seq.num_computed for seq, _, _ in members])[:, None]
         lengths = torch.tensor([n for _, _, n in members])[:, None]
         offset = torch.arange(tq)[None, :]
-        query_pos = first + offset  # [B, Tq]
         real = offset < lengths  # [B, Tq]
         key_pos = torch.arange(width * bs)
-        mask = key_pos[None, None, :] <= query_pos[:, :, None]  # causal; also bounds each row by its context
+        mask = key_pos[None, None, :] <= (first + offset)[:, :, None]  # causal; bounds each row by its context
         mask = torch.where(real[:, :, None], mask, key_pos[None, None, :] == 0)  # padding rows: harmless
-        valid = None if bool(real.all()) else real.reshape(-1).to(device)
-        return AttentionGroup(rows.to(device), tables.to(device), mask[:, None].to(device), valid)
+        valid = None if bool(real.all()) else real.reshape(-1)
+        tables = _pad([seq.block_table[:width] for seq, _, _ in members], width)
+        return self._to_device(AttentionGroup(rows, tables, mask[:, None], valid))
+
+    def _decode_group(self, members: list[tuple[Sequence, int]]) -> AttentionGroup:
+        bs = self.block_size
+        seqs = [seq for seq, _ in members]
+        skip = [0] * len(seqs)  # leading blocks each row reads through its cluster's shared prefix
+        clusters = _clusters(seqs, bs)
+        for rows, shared in clusters:
+            for r in rows:
+                skip[r] = shared
+        ctx = [seq.num_computed + 1 for seq in seqs]
+        width = max(-(-c // bs) - s for c, s in zip(ctx, skip, strict=True))
+        tables = _pad([seq.block_table[s : -(-c // bs)] for seq, c, s in zip(seqs, ctx, skip, strict=True)], width)
+        own = torch.tensor([c - s * bs for c, s in zip(ctx, skip, strict=True)])
+        mask = (torch.arange(width * bs)[None, :] < own[:, None])[:, None, None, :]
+        rows = torch.tensor([[start] for _, start in members])
+        shared = None
+        if clusters:
+            most = max(len(r) for r, _ in clusters)
+            longest = max(s for _, s in clusters)
+            shared = SharedPrefix(
+                tables=_pad([seqs[r[0]].block_table[:s] for r, s in clusters], longest),
+                members=torch.tensor([r + [r[0]] * (most - len(r)) for r, _ in clusters]),
+                real=torch.tensor([i < len(r) for r, _ in clusters for i in range(most)]),
+                key_mask=(torch.arange(longest * bs)[None, :] < torch.tensor([s * bs for _, s in clusters])[:, None])
+                [:, None, None, :],
+            )
+        return self._to_device(AttentionGroup(rows, tables, mask, None, shared))
+
+    def _to_device(self, g: AttentionGroup) -> AttentionGroup:
+        d = self.model.device
+        if d.type == "cpu":
+            return g
+        s = g.shared
+        if s is not None:
+            s = SharedPrefix(s.tables.to(d), s.members.to(d), s.real.to(d), s.key_mask.to(d))
+        return AttentionGroup(g.rows.to(d), g.block_tables.to(d), g.mask.to(d),
+                              None if g.valid is None else g.valid.to(d), s)
+
+
+def _clusters(seqs: list[Sequence], block_size: int) -> list[tuple[list[int], int]]:
+    """Decoding rows that share leading computed blocks: (rows, number of shared blocks) for each
+    cluster of two or more."""
+    by_first: dict[int, list[int]] = defaultdict(list)
+    for i, seq in enumerate(seqs):
+        if seq.num_computed >= block_size:
+            by_first[seq.block_table[0]].append(i)
+    out = []
+    for rows in by_first.values():
+        if len(rows) < 2:
+            continue
+        ref = seqs[rows[0]].block_table
+        shared = min(seqs[r].num_computed // block_size for r in rows)
+        for r in rows[1:]:
+            table = seqs[r].block_table
+            n = 0
+            while n < shared and table[n] == ref[n]:
+                n += 1
+            shared = n
+        out.append((rows, shared))
+    return out
+
+
+def _pad(tables: list[list[int]], width: int) -> Tensor:
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)

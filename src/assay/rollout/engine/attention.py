@@ -1,0 +1,97 @@
+"""Attention over the paged KV cache.
+
+Sequences attend in groups, each one padded batch: the decoding sequences (one query each) and the
+prefilling ones (a chunk of queries each). Keys and values are gathered block by block through each
+sequence's block table. Grouped-query heads are folded into the query axis for decoding, so K/V are
+never repeated per query head.
+
+Decoding sequences that share leading blocks (the samples of one GRPO group share their prompt)
+attend in two parts, merged exactly by their log-sum-exp: the shared prefix once for the whole
+cluster, with all its members' queries in one batch, and each member's own suffix. A shared prompt
+is then read from memory once per step instead of once per sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class SharedPrefix:
+    tables: Tensor  # [C, P] the common leading blocks of each cluster (padding: block 0, masked out)
+    members: Tensor  # [C, G] the group row of each member (padding repeats a member)
+    real: Tensor  # [C * G] which member slots are real
+    key_mask: Tensor  # [C, 1, 1, P * block_size] keys inside the cluster's prefix
+
+
+@dataclass
+class AttentionGroup:
+    rows: Tensor  # [B, Tq] packed token index of each query row (padding repeats a valid index)
+    block_tables: Tensor  # [B, M] cache blocks each row attends (after its shared prefix, if any)
+    mask: Tensor  # [B, 1, Tq, M * block_size] True where a query may attend
+    valid: Tensor | None  # [B * Tq] which query rows are real; None when all are
+    shared: SharedPrefix | None = None  # decoding groups only
+
+
+def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, groups: list[AttentionGroup]) -> Tensor:
+    """q [T, H, D] packed queries; k_cache, v_cache [blocks, block_size, Hkv, D] of one layer."""
+    out = torch.empty_like(q)
+    for g in groups:
+        B, Tq = g.rows.shape
+        if Tq == 1:
+            o = _decode(q[g.rows[:, 0]], k_cache, v_cache, g)
+        else:
+            qg = q[g.rows].transpose(1, 2)  # [B, H, Tq, D]
+            o = F.scaled_dot_product_attention(qg, _gather(k_cache, g.block_tables), _gather(v_cache, g.block_tables),
+                                               attn_mask=g.mask, enable_gqa=True).transpose(1, 2)
+        o = o.reshape(B * Tq, *q.shape[1:])
+        rows = g.rows.reshape(-1)
+        if g.valid is None:
+            out[rows] = o
+        else:
+            out[rows[g.valid]] = o[g.valid]
+    return out
+
+
+def _gather(cache: Tensor, tables: Tensor) -> Tensor:
+    """[B, M] block ids -> [B, Hkv, M * block_size, D]."""
+    B, M = tables.shape
+    return cache.index_select(0, tables.reshape(-1)).view(B, M * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
+
+
+def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, g: AttentionGroup) -> Tensor:
+    """q [B, H, D] -> [B, H, D]; one query per sequence, query heads folded per KV head."""
+    B, H, D = q.shape
+    kv_heads = k_cache.shape[2]
+    qf = q.view(B, kv_heads, H // kv_heads, D)
+    k, v = _gather(k_cache, g.block_tables), _gather(v_cache, g.block_tables)
+    if g.shared is None:
+        return F.scaled_dot_product_attention(qf, k, v, attn_mask=g.mask).reshape(B, H, D)
+    own, own_lse = _attend(qf, k, v, g.mask)
+    s = g.shared
+    C, G = s.members.shape
+    qc = qf[s.members].permute(0, 2, 1, 3, 4).reshape(C, kv_heads, G * (H // kv_heads), D)
+    pre, pre_lse = _attend(qc, _gather(k_cache, s.tables), _gather(v_cache, s.tables), s.key_mask)
+    pre = pre.view(C, kv_heads, G, H // kv_heads, D).transpose(1, 2).reshape(C * G, kv_heads, H // kv_heads, D)
+    pre_lse = pre_lse.view(C, kv_heads, G, H // kv_heads, 1).transpose(1, 2).reshape(C * G, kv_heads, -1, 1)
+    at = s.members.reshape(-1)[s.real]
+    shared = torch.zeros_like(own)
+    shared_lse = torch.full_like(own_lse, float("-inf"))  # rows outside any cluster: no prefix part
+    shared[at], shared_lse[at] = pre[s.real], pre_lse[s.real]
+    total = torch.logaddexp(own_lse, shared_lse)
+    merged = torch.exp(own_lse - total) * own + torch.exp(shared_lse - total) * shared
+    return merged.reshape(B, H, D)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Softmax attention that also returns the log-sum-exp of each query's scores (every query
+    must have at least one key it may attend)."""
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2)).masked_fill_(~mask, float("-inf"))
+    top = scores.amax(dim=-1, keepdim=True)
+    weights = scores.sub_(top).exp_()
+    total = weights.sum(dim=-1, keepdim=True)
+    return torch.matmul(weights, v) / total, top + total.log()
