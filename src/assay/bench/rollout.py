@@ -100,6 +100,8 @@ def run_rollout_bench(shape: Shape = Shape(), dtype: str = "float32", hf_paged: 
     prompts = [_ids(g, shape.vocab, int(torch.randint(lo, hi + 1, (1,), generator=g))) for _ in range(shape.prompts)]
     engine = Engine(model, None, EngineConfig(kv_cache_bytes=4 * 2**30))
     rows: list[Row] = []
+    _hf_generate(model, [prompts[0][:8]], 2, 2)  # warm-up: first calls pay one-off costs
+    engine.generate([GenRequest(prompts[0][:8], params, n=2)])
 
     t0 = time.perf_counter()
     tokens = _hf_generate(model, prompts, shape.group, shape.max_tokens)
