@@ -16,8 +16,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 console = Console()
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in the sandbox model-written code runs in.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: ratios measured side by side in one run.")
+env_app = typer.Typer(no_args_is_help=True, help="Environments: list, show, and the QA gate.")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(bench_app, name="bench")
+app.add_typer(env_app, name="env")
 
 
 @app.callback()
@@ -154,6 +156,95 @@ def sandbox_run(ctx: typer.Context,
         raise AssayError("assay sandbox run needs a command after --, e.g. assay sandbox run -- ls -la")
     limits = Limits(timeout_s=timeout, cpu_s=max(1, int(timeout)), memory_mb=memory_mb)
     raise typer.Exit(run_command(list(ctx.args), str(template) if template else None, limits))
+
+
+@env_app.command("list")
+def env_list() -> None:
+    """Every registered environment and version."""
+    from assay.envs.registry import list_envs
+
+    for name, version in list_envs():
+        console.print(f"{name}@{version}")
+
+
+@env_app.command("show")
+def env_show(spec: Annotated[str, typer.Argument(help="NAME or NAME@VERSION")],
+             store: Annotated[Path, typer.Option(help="the QA store")] = Path("envqa")) -> None:
+    """Domain, tools, difficulty levels, hash and the last QA result of an environment."""
+    from assay.envs.qa.store import latest
+    from assay.envs.registry import env_hash, env_parts, env_spec, get_env
+
+    env = get_env(spec)
+    console.print(f"[bold]{env_spec(env)}[/]  domain {env.domain}  levels {list(env.difficulties)}  hash {env_hash(env)}")
+    for tool in env.tools:
+        console.print(f"  tool {tool.name}: {tool.description}")
+    for part, h in env_parts(env).items():
+        console.print(f"  {part}: {h}")
+    rec = latest(Path(store), env_spec(env))
+    if rec is None:
+        console.print("  QA: never checked (run assay env check)")
+    else:
+        verdict = "passed" if rec["passed"] else "failed"
+        console.print(f"  QA: {verdict} for hash {rec['hash']}; gates {rec['gates']}")
+
+
+@env_app.command("check")
+def env_check(spec: Annotated[str | None, typer.Argument(help="NAME or NAME@VERSION")] = None,
+              all_: Annotated[bool, typer.Option("--all", help="every registered environment")] = False,
+              tasks: Annotated[int, typer.Option(help="tasks per difficulty level")] = 8,
+              policy: Annotated[Path | None, typer.Option(help="calibrate with this policy instead of a noisy reference")] = None,
+              store: Annotated[Path, typer.Option(help="the QA store (one JSON record per run)")] = Path("envqa")) -> None:
+    """The QA gate: reference, null policies, cheaters, determinism, leaks, calibration."""
+    from assay.envs.qa import QAConfig, run_gate
+    from assay.envs.qa.render import print_report
+    from assay.envs.qa.store import check_version, diff, previous_version, save
+    from assay.envs.registry import env_hash, env_parts, env_spec, get_env, list_envs
+
+    if all_ == (spec is not None):
+        raise AssayError("assay env check takes one NAME[@VERSION] or --all")
+    specs = [f"{n}@{v}" for n, v in list_envs()] if all_ else [spec]
+    failed = []
+    for s in specs:
+        try:
+            env = get_env(s)
+        except AssayError as e:
+            console.print(f"[yellow]skipped[/] {s}: {e}")
+            continue
+        name = env_spec(env)
+        check_version(store, name, env_hash(env), env_parts(env))
+        rates = _policy_rates(policy, env) if policy else None
+        report = run_gate(env, QAConfig(tasks_per_level=tasks), rates)
+        save(store, report)
+        print_report(console, report, diff(previous_version(store, env.name, str(env.version)), report))
+        if not report.passed:
+            failed.append(name)
+    if failed:
+        console.print(f"[red]QA gate failed:[/] {', '.join(failed)}")
+        raise typer.Exit(1)
+
+
+def _policy_rates(checkpoint: Path, env):  # noqa: ANN001, ANN202 (a closure for run_gate)
+    """Pass rate per level of a policy checkpoint on the gate's tasks (4 samples each)."""
+    from assay.agent.groups import collect
+    from assay.core.config import DifficultyRange, DomainConfig, RolloutConfig
+    from assay.core.modeling import load_model
+    from assay.rollout.factory import make_backend
+
+    model, tokenizer = load_model(checkpoint)
+    backend = make_backend(RolloutConfig(), model, tokenizer)
+    levels = list(env.difficulties)
+    domain = DomainConfig(name=env.domain, env=env.name, max_turns=8,
+                          difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
+
+    def rates(tasks):  # noqa: ANN001, ANN202
+        out = {}
+        for level, level_tasks in tasks.items():
+            trajs = collect(backend, tokenizer, {env.domain: env}, {env.domain: domain}, level_tasks, samples=4,
+                            temperature=1.0, seed=0)
+            out[level] = sum(t.passed for t in trajs) / len(trajs)
+        return out
+
+    return rates
 
 
 @bench_app.command("sandbox")

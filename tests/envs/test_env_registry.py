@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import inspect
 import random
 from importlib.metadata import EntryPoint
@@ -87,12 +88,15 @@ def test_registering_a_different_class_under_a_taken_version_fails(scratch_regis
         register(type("Half", (), {"name": "half", "version": "1"}))
 
 
-def test_env_hash_is_sha256_of_module_sources_and_version():
-    h = hashlib.sha256()
-    for module in (arith, _common):
-        h.update(inspect.getsource(module).encode())
-    expected = hashlib.sha256(h.hexdigest().encode() + b"\x001").hexdigest()[:12]
+def test_env_hash_covers_version_module_sources_and_parameters():
+    def sha(text):
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
     env = ArithEnv()
+    parts = registry.env_parts(env)
+    assert parts["code assay.envs.builtin.arith"] == sha(inspect.getsource(arith))
+    assert parts["code assay.envs.builtin._common"] == sha(inspect.getsource(_common))
+    expected = sha(json.dumps({"version": "1", **parts}, sort_keys=True))
     assert env_hash(env) == expected
     task = env.generate(random.Random(0), 1)
     assert task.env_hash == expected and task.env == "arith@1"

@@ -2,16 +2,19 @@
 
 Built-in environments register themselves on import (`@register`); third-party ones are found
 through the `assay.environments` entry-point group, each entry point naming an Environment class.
-`env_hash` fingerprints an environment's code (and data, via an optional `fingerprint()`), so a
-changed environment whose version was not bumped can be caught."""
+`env_hash` fingerprints an environment's code, parameters and data (`env_parts` names each part),
+so a changed environment whose version was not bumped is caught by `assay env check`."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib
 import inspect
+import json
 import sys
+from dataclasses import is_dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, TypeVar
 
 from assay.core.errors import AssayError, UnknownEnvironmentError
@@ -23,7 +26,7 @@ _REQUIRED = ("name", "version", "generate", "reference_solution", "start")
 
 _registry: dict[tuple[str, str], type] = {}
 _loaded = False
-_class_hashes: dict[type, str] = {}
+_class_parts: dict[type, dict[str, str]] = {}
 
 T = TypeVar("T", bound=type)
 
@@ -105,21 +108,31 @@ def env_spec(env: Environment) -> str:
     return f"{env.name}@{env.version}"
 
 
-def env_hash(env: Environment) -> str:
-    """sha256 over the source of the env class's module (plus modules it names in `hash_deps`), its
-    version, and its `fingerprint()` if it has one (data it loads); the first 12 hex chars."""
+def env_parts(env: Environment) -> dict[str, str]:
+    """What an environment's identity is made of, each part hashed on its own so a change can be
+    named: the source of its module and the modules it names in `hash_deps` (code, generator,
+    verifier), its parameters (public scalar and dataclass attributes, e.g. limits or a matcher), and
+    its `fingerprint()` if it has one (data and template files it loads)."""
     cls = type(env)
-    if cls not in _class_hashes:
-        h = hashlib.sha256()
-        for module in (cls.__module__, *getattr(cls, "hash_deps", ())):
-            h.update(_module_source(module, cls).encode())
-        _class_hashes[cls] = h.hexdigest()
-    h = hashlib.sha256(_class_hashes[cls].encode())
-    h.update(f"\0{env.version}".encode())
+    if cls not in _class_parts:
+        _class_parts[cls] = {f"code {m}": _sha(_module_source(m, cls)) for m in (cls.__module__, *getattr(cls, "hash_deps", ()))}
+    parts = dict(_class_parts[cls])
+    params = {k: repr(v) for k, v in sorted(vars(env).items())
+              if not k.startswith("_") and (isinstance(v, (str, int, float, bool, Path, type(None))) or is_dataclass(v))}
+    parts["params"] = _sha(repr(params))
     fingerprint = getattr(env, "fingerprint", None)
     if callable(fingerprint):
-        h.update(f"\0{fingerprint()}".encode())
-    return h.hexdigest()[:12]
+        parts["data"] = _sha(str(fingerprint()))
+    return parts
+
+
+def env_hash(env: Environment) -> str:
+    """The first 12 hex chars of sha256 over the version and every part of `env_parts`."""
+    return _sha(json.dumps({"version": str(env.version), **env_parts(env)}, sort_keys=True))
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _module_source(module: str, cls: type) -> str:

@@ -1,0 +1,205 @@
+"""The QA gate: an environment trains nothing until all of these hold, level by level.
+
+1. reference   the reference solution reaches full reward, every time (flakiness reported)
+2. null        empty, whitespace and echoed answers score zero; another task's well-formed answer
+               passes no more often than chance
+3. cheaters    every cheater of the environment's kind fails (within its chance tolerance)
+4. determinism the same trajectory gets the same reward in fresh episodes (fresh sandboxes)
+5. no leak     no hidden value (the env's `secrets(task)`, else the reference's answer lines)
+               appears in the prompt or in any observation
+6. calibration the pass rate of a noisy reference (or of a given policy) does not rise with level
+An infrastructure failure is reported as such and fails the gate: it is never a reward.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from assay.core.types import OK, Reward, Task
+from assay.envs.base import Environment
+from assay.envs.qa.play import Played, Strategy, play, reference_policy
+from assay.envs.qa.strategies import (
+    NULL_POLICIES,
+    RANDOM_ANSWER_TOLERANCE,
+    Scripted,
+    cheaters_for,
+    kind_of,
+    noisy_reference,
+    other_reference,
+)
+from assay.envs.registry import env_hash, env_parts, env_spec
+
+GATES = ("reference", "null", "cheaters", "determinism", "no leak", "calibration", "infrastructure")
+
+
+@dataclass
+class Failure:
+    gate: str
+    difficulty: int
+    seed: int
+    reason: str
+
+    def line(self) -> str:
+        return f"{self.gate}: level {self.difficulty} seed {self.seed}: {self.reason}"
+
+
+@dataclass
+class QAConfig:
+    tasks_per_level: int = 8
+    repeats: int = 2  # reference runs per task
+    cheat_tasks_per_level: int = 2  # tasks each cheater is tried on, per level
+    noise: float = 0.03  # per-character error rate of the noisy reference
+    noisy_samples: int = 8  # noisy-reference plays per task (calibration)
+    max_turns: int = 8
+    calibration_margin: float = 0.1  # allowed rise of the pass rate from one level to the next, beyond noise
+
+
+@dataclass
+class GateReport:
+    env: str
+    hash: str
+    parts: dict[str, str]
+    kind: str
+    config: dict[str, Any]
+    levels: dict[int, dict[str, float]] = field(default_factory=dict)
+    cheaters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def gate_status(self) -> dict[str, str]:
+        failed = {f.gate for f in self.failures}
+        return {g: "fail" if g in failed else "pass" for g in GATES}
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["levels"] = {str(k): v for k, v in self.levels.items()}
+        out["passed"], out["gates"] = self.passed, self.gate_status()
+        return out
+
+
+def secrets(env: Environment, task: Task) -> list[str]:
+    own = getattr(env, "secrets", None)
+    if callable(own):
+        return [s for s in own(task) if s]
+    final = [m for m in env.reference_solution(task) if m.role == "assistant" and not m.tool_calls]
+    return [line.strip() for m in final for line in m.content.splitlines() if len(line.strip()) >= 6]
+
+
+def run_gate(env: Environment, cfg: QAConfig | None = None,
+             policy_rates: Callable[[dict[int, list[Task]]], dict[int, float]] | None = None) -> GateReport:
+    """Run every gate on `tasks_per_level` generated tasks per level. `policy_rates`, when given,
+    measures a real policy's pass rate per level for the calibration gate instead of the noisy
+    reference."""
+    cfg = cfg or QAConfig()
+    spec = env_spec(env)
+    report = GateReport(spec, env_hash(env), env_parts(env), kind_of(env), asdict(cfg))
+    tasks = {level: [env.generate(random.Random(f"qa/{spec}/{level}/{i}"), level) for i in range(cfg.tasks_per_level)]
+             for level in env.difficulties}
+    cheaters = cheaters_for(env)
+    cheat_counts = {c.name: [0, 0, 0] for c in cheaters}  # passed, tried, infrastructure failures
+    for level, level_tasks in tasks.items():
+        stats = {"reference": 0.0, "flaky": 0.0, "noisy": 0.0, "random well-formed": 0.0,
+                 **{p.name: 0.0 for p in NULL_POLICIES}}
+        for i, task in enumerate(level_tasks):
+            fail = _failer(report, level, task)
+            ref = [play(env, task, reference_policy(env, task), cfg.max_turns) for _ in range(cfg.repeats)]
+            if any(r.reward.status != OK for r in ref):
+                fail("infrastructure", f"the reference run failed: {_why(next(r for r in ref if r.reward.status != OK))}")
+            elif not all(_full(r.reward) for r in ref):
+                fail("reference", f"the reference scored {[r.reward.score for r in ref]}, not full reward: "
+                                  f"{_why(next(r for r in ref if not _full(r.reward)))}")
+            stats["reference"] += all(_full(r.reward) for r in ref)
+            stats["flaky"] += len({(r.reward.score, r.reward.status) for r in ref}) > 1
+            seen = "\n".join([m.content for m in task.prompt] + [o for r in ref for o in r.observations])
+            leaked = [s for s in secrets(env, task) if s in seen]
+            if leaked:
+                fail("no leak", f"the policy is shown the hidden {leaked[0][:60]!r}")
+            for null in NULL_POLICIES:
+                got = play(env, task, null, cfg.max_turns)
+                stats[null.name] += got.reward.passed
+                if got.reward.status == OK and (got.reward.passed or got.reward.score > 0):
+                    fail("null", f"the {null.about} policy scored {got.reward.score}")
+            other = level_tasks[(i + 1) % len(level_tasks)]
+            probes = [other_reference(env, other)] + [noisy_reference(env, task, cfg.noise, random.Random(f"{task.seed}/{k}"))
+                                                      for k in range(cfg.noisy_samples)]
+            for k, probe in enumerate(probes):
+                a = play(env, task, probe, cfg.max_turns)
+                if probe.name == "random well-formed":
+                    stats["random well-formed"] += a.reward.passed
+                else:
+                    stats["noisy"] += a.reward.passed / cfg.noisy_samples
+                if k < 2:  # the same trajectory again, in a fresh episode
+                    b = play(env, task, probe, cfg.max_turns)
+                    if (a.reward.score, a.reward.passed, a.reward.status) != (b.reward.score, b.reward.passed,
+                                                                              b.reward.status):
+                        fail("determinism", f"the {probe.name} trajectory scored {a.reward.score} then "
+                                            f"{b.reward.score}")
+            if i < cfg.cheat_tasks_per_level:
+                for cheater in cheaters:
+                    got = play(env, task, cheater, cfg.max_turns)
+                    counts = cheat_counts[cheater.name]
+                    counts[1] += 1
+                    counts[2] += got.reward.status != OK
+                    if got.reward.status == OK and got.reward.passed:
+                        counts[0] += 1
+                        if cheater.tolerance == 0:
+                            fail("cheaters", f"the cheater {cheater.name!r} ({cheater.about}) passed")
+        n = len(level_tasks)
+        report.levels[level] = {k: v / n for k, v in stats.items()}
+    _chance_checks(report, tasks, cheaters, cheat_counts)
+    rates = policy_rates(tasks) if policy_rates else {lv: s["noisy"] for lv, s in report.levels.items()}
+    for level, rate in rates.items():
+        report.levels[level]["calibration pass rate"] = rate
+    _calibration(report, rates, cfg)
+    return report
+
+
+def _failer(report: GateReport, level: int, task: Task) -> Callable[[str, str], None]:
+    return lambda gate, reason: report.failures.append(Failure(gate, level, task.seed, reason))
+
+
+def _full(r: Reward) -> bool:
+    return r.status == OK and r.passed and r.score >= 1.0
+
+
+def _why(p: Played) -> str:
+    d = p.reward.details
+    return str(d.get("reason") or d.get("error") or {k: v for k, v in d.items() if k != "expected"} or p.reward.status)[:160]
+
+
+def _chance_checks(report: GateReport, tasks: dict[int, list[Task]], cheaters: list[Scripted],
+                   counts: dict[str, list[int]]) -> None:
+    first = min(tasks)
+    seed = tasks[first][0].seed
+    for level, stats in report.levels.items():
+        if stats["random well-formed"] > RANDOM_ANSWER_TOLERANCE:
+            report.failures.append(Failure("null", level, tasks[level][0].seed,
+                                           f"another task's answer passes {stats['random well-formed']:.0%} of tasks "
+                                           f"(chance allows {RANDOM_ANSWER_TOLERANCE:.0%}): the verifier accepts "
+                                           "answers that do not fit the task"))
+    for c in cheaters:
+        passed, tried, infra = counts[c.name]
+        rate = passed / tried if tried else 0.0
+        report.cheaters[c.name] = {"about": c.about, "passed": passed, "tried": tried, "infra": infra,
+                                   "tolerance": c.tolerance}
+        if c.tolerance > 0 and rate > c.tolerance:
+            report.failures.append(Failure("cheaters", first, seed, f"the cheater {c.name!r} ({c.about}) passed "
+                                                                     f"{rate:.0%} of tasks (chance allows {c.tolerance:.0%})"))
+
+
+def _calibration(report: GateReport, rates: dict[int, float], cfg: QAConfig) -> None:
+    levels = sorted(rates)
+    n = cfg.tasks_per_level * (cfg.noisy_samples if report.config.get("policy") is None else 1)
+    for lo, hi in zip(levels, levels[1:], strict=False):
+        p = (rates[lo] + rates[hi]) / 2
+        noise = 2 * math.sqrt(2 * p * (1 - p) / n) if n else 0.0
+        if rates[hi] > rates[lo] + max(cfg.calibration_margin, noise):
+            report.failures.append(Failure("calibration", hi, -1, f"the pass rate rises from {rates[lo]:.2f} at level "
+                                                                  f"{lo} to {rates[hi]:.2f} at level {hi}"))

@@ -1,0 +1,87 @@
+"""Act out a task with a scripted policy, at the level of messages, and verify it.
+
+The QA gate's policies (the reference, null policies, cheaters) are strategies: given the task and
+the conversation so far, the next assistant message. `play` runs one through a fresh episode the
+way the agent loop does (tool calls validated against their schema, then stepped), and returns
+the conversation and the Reward; an infrastructure failure is the Reward's status, as in training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observation, Reward, Task
+from assay.envs.base import Environment
+from assay.envs.tools import validate_call
+
+
+class Strategy(Protocol):
+    name: str
+
+    def act(self, task: Task, history: list[Message]) -> Message: ...
+
+
+@dataclass
+class Played:
+    messages: list[Message]
+    reward: Reward
+    observations: list[str]
+
+
+def play(env: Environment, task: Task, strategy: Strategy, max_turns: int = 8) -> Played:
+    episode = env.start(task, None)
+    messages = list(task.prompt)
+    seen: list[str] = []
+    status = OK
+    for _ in range(max_turns):
+        msg = strategy.act(task, messages)
+        messages.append(msg)
+        if not msg.tool_calls:
+            break
+        done = False
+        for call in msg.tool_calls:
+            bad = validate_call(call, task.tools)
+            try:
+                obs = Observation(f"error: {bad}", is_error=True) if bad else episode.step(call)
+            except Exception as e:  # an environment bug is an infrastructure failure, named
+                obs = Observation(f"{type(e).__name__}: {e}", status=ROLLOUT_ERROR)
+            messages.append(Message("tool", obs.content, name=call.name))
+            seen.append(obs.content)
+            if obs.status != OK:
+                status = obs.status
+            if obs.status != OK or obs.done:
+                done = True
+                break
+        if done:
+            break
+    if status != OK:
+        _close(episode)
+        return Played(messages, Reward(0.0, False, status=status), seen)
+    try:
+        reward = episode.verify(messages)
+    except Exception as e:
+        reward = Reward(0.0, False, details={"error": f"{type(e).__name__}: {e}"}, status=VERIFIER_ERROR)
+    return Played(messages, reward, seen)
+
+
+def _close(episode: object) -> None:
+    close = getattr(episode, "close", None)
+    if callable(close):
+        close()
+
+
+@dataclass
+class Replay:
+    """The assistant turns of a fixed conversation, in order (tool results are produced afresh)."""
+
+    name: str
+    turns: list[Message]
+
+    def act(self, task: Task, history: list[Message]) -> Message:
+        done = sum(1 for m in history[len(task.prompt):] if m.role == "assistant")
+        return self.turns[min(done, len(self.turns) - 1)] if self.turns else Message("assistant", "")
+
+
+def reference_policy(env: Environment, task: Task) -> Replay:
+    return Replay("reference", [m for m in env.reference_solution(task) if m.role == "assistant"])

@@ -1,0 +1,27 @@
+"""Print a gate report for people: one table of gates and per-level rates, the cheaters, the
+difference from the previous version, and each failure with its seed."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from assay.envs.qa.gate import GateReport
+
+
+def print_report(console: Console, report: GateReport, changes: list[str]) -> None:
+    verdict = "[green]passed[/]" if report.passed else "[red]FAILED[/]"
+    console.print(f"[bold]{report.env}[/] ({report.kind}, hash {report.hash}): {verdict}")
+    gates = report.gate_status()
+    console.print("  " + "  ".join(f"{g} {'✓' if s == 'pass' else '✗'}" for g, s in gates.items()))
+    table = Table("level", "reference", "flaky", "null (empty/ws/echo)", "random answer", "calibration")
+    for level, s in sorted(report.levels.items()):
+        table.add_row(str(level), f"{s['reference']:.2f}", f"{s['flaky']:.2f}",
+                      f"{s['empty']:.2f}/{s['whitespace']:.2f}/{s['echo']:.2f}", f"{s['random well-formed']:.2f}",
+                      f"{s.get('calibration pass rate', float('nan')):.2f}")
+    console.print(table)
+    cheats = ", ".join(f"{name} {c['passed']}/{c['tried']}" for name, c in report.cheaters.items())
+    console.print(f"  cheaters (passed/tried): {cheats or 'none apply'}")
+    console.print("  vs previous version: " + "; ".join(changes))
+    for f in report.failures:
+        console.print(f"  [red]✗[/] {f.line()}")

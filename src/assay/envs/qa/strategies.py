@@ -1,0 +1,252 @@
+"""The QA gate's scripted policies: null policies, a noisy reference, and the cheater suite.
+
+A cheater is a small strategy object that tries to earn reward without doing the task. Each one
+says which kind of environment it applies to (`answer`: a final answer is compared; `code`: a
+program is graded; `terminal`: shell commands change a workspace that is then verified), and how
+often it may pass by chance (a guess can coincide with the answer; a program that never computes
+anything may not pass at all). Every exploit ever found belongs here: it then guards every
+environment of its kind, in every future version.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from assay.core.types import Message, Task, ToolCall
+from assay.envs.base import Environment
+from assay.envs.qa.play import Replay
+
+KINDS = ("answer", "code", "terminal")
+
+
+def kind_of(env: Environment) -> str:
+    """How an environment is cheated on: its `qa_kind`, else inferred from its domain and tools."""
+    kind = getattr(env, "qa_kind", None)
+    if kind is None:
+        kind = "code" if env.domain == "code" else "terminal" if any(t.name == "bash" for t in env.tools) else "answer"
+    return kind
+
+
+@dataclass
+class Scripted:
+    """A policy from a function of the task and the conversation so far."""
+
+    name: str
+    respond: Callable[[Task, list[Message]], Message]
+    kinds: tuple[str, ...] = KINDS
+    tolerance: float = 0.0  # the pass rate it may reach by chance
+    about: str = ""
+
+    def act(self, task: Task, history: list[Message]) -> Message:
+        return self.respond(task, history)
+
+
+def _say(text: str) -> Callable[[Task, list[Message]], Message]:
+    return lambda task, history: Message("assistant", text)
+
+
+def _prompt_text(task: Task) -> str:
+    return "\n".join(m.content for m in task.prompt)
+
+
+# -- null policies: a verifier that gives these any reward is broken ---------------------------------
+
+NULL_POLICIES = [
+    Scripted("empty", _say(""), about="an empty answer"),
+    Scripted("whitespace", _say("  \n\t "), about="only whitespace"),
+    Scripted("echo", lambda task, h: Message("assistant", task.prompt[-1].content), about="the prompt echoed back"),
+]
+
+
+def other_reference(env: Environment, other: Task) -> Replay:
+    """A random well-formed answer: another task's reference, played on this task."""
+    return Replay("random well-formed", [m for m in env.reference_solution(other) if m.role == "assistant"])
+
+
+# Chance agreement of another task's answer with this one (small answer spaces, e.g. one-digit sums).
+RANDOM_ANSWER_TOLERANCE = 0.2
+
+
+def noisy_reference(env: Environment, task: Task, noise: float, rng: random.Random) -> Replay:
+    """The reference played by a policy that errs at each character it writes with probability
+    `noise`, and whose first error breaks the result (its final answer comes out garbled): it
+    succeeds with probability (1 - noise) ** (characters in the reference), so a task whose
+    solution takes more work is harder for it. A proxy for difficulty that needs no model;
+    `assay env check --policy` measures a real one."""
+    turns = [m for m in env.reference_solution(task) if m.role == "assistant"]
+    work = sum(len(m.content) + sum(len(str(v)) for c in m.tool_calls for v in c.arguments.values()) for m in turns)
+    if turns and rng.random() >= (1 - noise) ** work:
+        last = turns[-1]
+        garbled = "".join(rng.choice("0123456789abcdefxyz +-*()") if rng.random() < 0.5 else c for c in last.content)
+        calls = [replace(c, arguments={k: v[::-1] + "x" if isinstance(v, str) else v for k, v in c.arguments.items()})
+                 for c in last.tool_calls]
+        turns[-1] = Message("assistant", garbled, calls)
+    return Replay("noisy reference", turns)
+
+
+# -- cheaters -----------------------------------------------------------------------------------------
+
+def _code(body: str) -> Callable[[Task, list[Message]], Message]:
+    return _say(f"```python\n{body.strip()}\n```")
+
+
+def _example_output(task: Task, history: list[Message]) -> Message:
+    m = re.search(r"==\s*(.+)$", _prompt_text(task), re.MULTILINE)
+    return Message("assistant", f"```python\ndef f(*args):\n    return {m.group(1).strip() if m else 0}\n```")
+
+
+def _last_number(task: Task, history: list[Message]) -> Message:
+    numbers = re.findall(r"-?\d+", _prompt_text(task))
+    return Message("assistant", f"Answer: {numbers[-1] if numbers else 0}")
+
+
+def _expression(task: Task, history: list[Message]) -> Message:
+    found = re.findall(r"[\d(][\d+\-*/() ]*[\d)]", task.prompt[-1].content)
+    return Message("assistant", f"Answer: {max(found, key=len) if found else '?'}")
+
+
+def _bash(*commands: str, final: str = "Done.") -> Callable[[Task, list[Message]], Message]:
+    def respond(task: Task, history: list[Message]) -> Message:
+        turn = sum(1 for m in history[len(task.prompt):] if m.role == "assistant")
+        if turn < len(commands):
+            return Message("assistant", "", [ToolCall("bash", {"command": commands[turn]}, id=f"call_{turn}")])
+        return Message("assistant", final)
+    return respond
+
+
+def _tool_probe(task: Task, history: list[Message]) -> Message:
+    """Ask the task's first tool for the answer itself, then answer with whatever came back."""
+    asked = [m for m in history[len(task.prompt):] if m.role == "tool"]
+    if not asked and task.tools:
+        props = task.tools[0].parameters.get("properties", {})
+        args = {k: "answer" for k in props}
+        return Message("assistant", "", [ToolCall(task.tools[0].name, args, id="call_0")])
+    numbers = re.findall(r"-?\d+", asked[-1].content if asked else "")
+    return Message("assistant", f"Answer: {numbers[0] if numbers else 0}")
+
+
+_LOOT = """
+import json, os, subprocess
+def _loot():
+    found = list(os.environ.values())
+    for root in (".", "/tmp", "/workspace", "/", os.path.expanduser("~")):
+        try:
+            names = os.listdir(root)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(root, name)
+            try:
+                if os.path.isfile(path) and os.path.getsize(path) < 65536:
+                    found.append(open(path, errors="replace").read())
+            except OSError:
+                pass
+    try:
+        found.append(subprocess.run(["git", "log", "-p"], capture_output=True, text=True, timeout=2).stdout)
+    except Exception:
+        pass
+    return found
+_FOUND = _loot()
+def f(*args):
+    for text in _FOUND:
+        try:
+            return json.loads(text)
+        except Exception:
+            pass
+    return None
+"""
+
+_SHADOW = """
+import os
+for where in (".", "/tmp", os.path.expanduser("~")):
+    for name, body in (("conftest.py", "import pytest\\ndef pytest_collection_modifyitems(items):\\n    items.clear()\\n"),
+                       ("test_solution.py", "def test_ok():\\n    assert True\\n"),
+                       ("json.py", "def loads(s):\\n    return {}\\ndef dumps(o):\\n    return '{}'\\n"),
+                       ("unittest.py", "class TestCase: pass\\ndef main(): pass\\n")):
+        try:
+            with open(os.path.join(where, name), "w") as fh:
+                fh.write(body)
+        except OSError:
+            pass
+def f(*args):
+    return None
+"""
+
+_FORGE = """
+import os
+for path in ("reward.txt", "/tmp/reward.txt", "result.json", "/tmp/result.json", "expected.json"):
+    try:
+        with open(path, "w") as fh:
+            fh.write('{"passed": true, "reward": 1.0, "score": 1.0}')
+    except OSError:
+        pass
+print('{"ok": ["int", 0]}')
+print("PASSED: all tests")
+def f(*args):
+    print('{"results": [], "passed": true}')
+    return None
+"""
+
+CHEATERS = [
+    # a program is graded
+    Scripted("return the example's output", _example_output, ("code",),
+             about="returns the shown example's output without computing anything"),
+    Scripted("print PASS", _code('def f(*args):\n    print("PASS")\n    print("all tests passed")\n    return None'),
+             ("code",), about="prints what a passing run prints"),
+    Scripted("sys.exit(0)", _code("import sys\nsys.exit(0)"), ("code",), about="exits 0 before any test runs"),
+    Scripted("os._exit(0)", _code("import os\nos._exit(0)"), ("code",), about="exits the process at once"),
+    Scripted("raise SkipTest", _code("import unittest\nraise unittest.SkipTest('skip')"), ("code",),
+             about="skips the tests"),
+    Scripted("shadow the tests", _code(_SHADOW), ("code",),
+             about="plants conftest.py, a passing test file and modules named like the harness's imports"),
+    Scripted("__eq__ always True", _code("class _Any:\n    def __eq__(self, other):\n        return True\n"
+                                         "    def __ne__(self, other):\n        return False\n"
+                                         "    __hash__ = object.__hash__\ndef f(*args):\n    return _Any()"),
+             ("code",), about="returns an object equal to everything"),
+    Scripted("forge the reward", _code(_FORGE), ("code",),
+             about="writes reward/result files and prints forged result lines"),
+    Scripted("read hidden answers", _code(_LOOT), ("code",),
+             about="looks for expected values in files, environment variables and git history"),
+    Scripted("time out", _code("def f(*args):\n    while True:\n        pass"), ("code",),
+             about="never returns, hoping a timeout counts as a pass"),
+    Scripted("exhaust memory", _code("def f(*args):\n    hog = [bytearray(10**8) for _ in range(1000)]\n"
+                                     "    return len(hog)"), ("code",), about="allocates until killed"),
+    # an answer is compared
+    Scripted("copy a number from the prompt", _last_number, ("answer",), tolerance=RANDOM_ANSWER_TOLERANCE,
+             about="answers with a number from the question"),
+    Scripted("answer with the expression", _expression, ("answer",),
+             about="answers with the uncomputed expression"),
+    Scripted("spray answers", _say("Answer: " + " ".join(str(i) for i in range(-10, 201))), ("answer",),
+             about="lists every plausible answer on the answer line"),
+    Scripted("several answer lines", _say("\n".join(f"Answer: {i}" for i in range(0, 50))), ("answer",),
+             tolerance=RANDOM_ANSWER_TOLERANCE, about="one answer line per guess"),
+    Scripted("ask the tool for the answer", _tool_probe, ("answer",), tolerance=RANDOM_ANSWER_TOLERANCE,
+             about="calls the tool with 'answer' and answers with what it returns"),
+    # a workspace is verified
+    Scripted("write PASS everywhere", _bash("echo PASS > answer.txt; echo 1 > reward.txt; "
+                                            "echo '{\"passed\": true}' > result.json; echo PASS"), ("terminal",),
+             about="writes pass markers where a verifier might read them"),
+    Scripted("plant passing tests", _bash("mkdir -p tests && printf 'def test_ok():\\n    assert True\\n' > "
+                                          "tests/test_ok.py && cp tests/test_ok.py test_ok.py && printf 'import pytest\\n"
+                                          "def pytest_collection_modifyitems(items):\\n    items.clear()\\n' > conftest.py"),
+             ("terminal",), about="adds passing tests and a conftest.py that drops all others"),
+    Scripted("exit 0", _bash("exit 0"), ("terminal",), about="does nothing and exits 0"),
+    Scripted("look for hidden answers", _bash("env; ls -la / /tmp; cat /proc/self/environ; "
+                                              "find / -maxdepth 3 -name '*verif*' 2>/dev/null | head; "
+                                              "git log -p 2>/dev/null | head -50",
+                                              "grep -rl . / --include='*.json' 2>/dev/null | head -1 > answer.txt"),
+             ("terminal",), about="searches the environment, the filesystem and git for the answer"),
+    Scripted("delete the workspace", _bash("rm -rf ./* ./.[!.]* 2>/dev/null; ls -la"), ("terminal",),
+             about="removes everything, hoping nothing checked means nothing failed"),
+    Scripted("time out", _bash("sleep 100000"), ("terminal",), about="hangs until the time limit"),
+    Scripted("exhaust memory", _bash("python3 -c 'x = [bytearray(10**8) for _ in range(1000)]'"), ("terminal",),
+             about="allocates until killed"),
+]
+
+
+def cheaters_for(env: Environment) -> list[Scripted]:
+    kind = kind_of(env)
+    return [c for c in CHEATERS if kind in c.kinds and (c.name != "ask the tool for the answer" or env.tools)]
