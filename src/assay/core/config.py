@@ -41,6 +41,7 @@ class DifficultyRange(_Strict):
     min: int = 1
     max: int = 4
     start: int = 1
+    review: float = Field(0.0, ge=0, lt=1)  # share of tasks drawn from the levels below the current one
 
     def levels(self, available: Sequence[int]) -> list[int]:
         """The environment's levels that fall in this range."""

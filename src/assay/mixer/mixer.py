@@ -105,7 +105,11 @@ class DomainMixer:
         return [self._generate(name) for name in plan]
 
     def _generate(self, name: str) -> Task:
-        level = self.curricula[name].level
+        cur = self.curricula[name]
+        level = cur.level
+        review = self.domains[name].difficulty.review
+        if review and level > cur.min_level and self.rng.random() < review:  # keep the levels below in practice
+            level = self.rng.randint(cur.min_level, level - 1)
         seed = self.rng.getrandbits(63)  # fits a signed int64 column in the trajectory store
         env = self.envs[name]
         task = env.generate(random.Random(seed), level)
