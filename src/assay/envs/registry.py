@@ -138,5 +138,5 @@ def _sha(text: str) -> str:
 def _module_source(module: str, cls: type) -> str:
     try:
         return inspect.getsource(sys.modules[module] if module in sys.modules else importlib.import_module(module))
-    except (OSError, TypeError):  # no source on disk (e.g. defined in a REPL): the class name is all we have
+    except (OSError, TypeError, ImportError):  # no source on disk (a REPL, exec): the class name is all we have
         return _qualname(cls)
