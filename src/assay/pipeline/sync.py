@@ -97,8 +97,10 @@ class SyncPipeline:
                 stats = self.mixer.update(everything)
                 train_metrics = self.trainer.step(kept)
                 self.backend.update_weights(self.trainer.named_weights(), version=step)
+                take = getattr(self.backend, "take_stats", None)  # the native engine's counters
+                rollout = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
                 record = {**train_metrics, "groups_dropped": dropped, "sampled": len(everything),
-                          **stats.metrics()}
+                          **stats.metrics(), **rollout}
                 metrics.log(step, record)
                 for warning in stats.warnings:
                     metrics.log(step, {"seesaw": warning}, kind="warning")

@@ -11,6 +11,7 @@ partly filled one included), so the next turn computes only its new tokens.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence as Seq
 from dataclasses import dataclass
 
@@ -55,7 +56,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.version = 0
         self.default_stop = _default_stop(model, tokenizer)
-        self.last_stats: dict[str, float] = {}
+        self.last_stats: dict[str, float] = {}  # of the last generate call
+        self.totals: Counter[str] = Counter()  # summed over calls until take_stats
 
     # -- RolloutBackend -------------------------------------------------------------------------
 
@@ -87,6 +89,7 @@ class Engine:
             "prefix_hit_rate": sched.cached_tokens / max(prompt_tokens, 1), "steps": float(steps),
             "preemptions": float(sched.preemptions),
         }
+        self.totals.update({k: v for k, v in self.last_stats.items() if k != "prefix_hit_rate"})
         return [[GenResult(s.completion, s.logprobs, s.finish_reason, self.version) for s in g] for g in seqs]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
@@ -97,6 +100,14 @@ class Engine:
         self.blocks.reset_cache()
         self.version = version
         self.last_stats["weight_update_s"] = time.perf_counter() - t0
+        self.totals["weight_update_s"] += self.last_stats["weight_update_s"]
+
+    def take_stats(self) -> dict[str, float]:
+        """Counters summed since the last call (generate time, tokens, prefix-cache hits,
+        preemptions, weight-update time), with the prefix hit rate over them; then reset."""
+        t, self.totals = dict(self.totals), Counter()
+        t["prefix_hit_rate"] = t.get("cached_prompt_tokens", 0.0) / max(t.get("prompt_tokens", 0.0), 1.0)
+        return t
 
     # -- internals ------------------------------------------------------------------------------
 
