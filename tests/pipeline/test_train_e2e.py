@@ -24,7 +24,7 @@ def test_train_writes_a_complete_run_directory(tiny_config, tmp_path):
     train = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3]
     for key in ("skipped", "tokens", "domain/arith/pass_rate", "domain/agent/difficulty", "domain/agent/ratio",
-                "domain/arith/truncation_rate", "mismatch/arith"):
+                "domain/arith/truncation_rate"):
         assert any(key in r for r in train), key
     assert all("rollout/weight_update_s" in r and r["rollout/prefix_hit_rate"] > 0 for r in train)  # groups share prompts
     assert list((run / "tb").iterdir())
