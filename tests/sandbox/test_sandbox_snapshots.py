@@ -155,3 +155,14 @@ def test_pool_async(isolated: None) -> None:
 
     with SandboxPool(2, Limits()) as pool:
         assert asyncio.run(main(pool)) == [f"i.txt\n{i}" for i in range(6)]
+
+
+def test_the_process_sandbox_copies_a_planted_device_link_as_a_link(tmp_path: Path) -> None:
+    from assay.sandbox import ProcessSandbox
+
+    (tmp_path / "answer.txt").symlink_to("/dev/zero")  # following it would copy forever
+    box = ProcessSandbox(template=tmp_path)
+    try:
+        assert (box.workspace / "answer.txt").is_symlink()
+    finally:
+        box.close()

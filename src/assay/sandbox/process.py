@@ -27,7 +27,7 @@ class ProcessSandbox:
         self.workspace = Path(tempfile.mkdtemp(prefix="assay-sbx-"))
         self._snapshots: list[Path] = []
         if template is not None:
-            shutil.copytree(template, self.workspace, dirs_exist_ok=True)
+            shutil.copytree(template, self.workspace, symlinks=True, dirs_exist_ok=True)  # never follow a planted link
 
     def _preexec(self) -> None:
         lim = self.limits
