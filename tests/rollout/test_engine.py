@@ -201,3 +201,32 @@ def test_bad_requests_get_clear_errors(tok, policy):
         Engine(policy, tok).generate([GenRequest([1] * 300, SamplingParams())])
     with pytest.raises(AssayError, match="min_p"):
         engine.generate([GenRequest([1], SamplingParams(min_p=1.5))])
+
+
+def test_speculative_decoding_keeps_greedy_outputs_exact(tok, policy):
+    prompts = [p * 3 for p in random_prompts(len(tok), 4, max_len=12, seed=21)]  # repetitive: drafts get accepted
+    want = hf_greedy(policy, tok, prompts)
+    engine = Engine(policy, tok, EngineConfig(speculative_tokens=4, speculative_max_batch=4))
+    for _ in range(2):  # the second pass reads blocks the first one cached while speculating
+        assert engine_tokens(engine, prompts) == want
+    assert engine.last_stats["draft_accepted"] > 0
+
+
+def test_speculative_acceptance_leaves_the_distribution_unchanged():
+    from assay.rollout.engine.speculative import verify
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5) * 1.5
+    draft = [int(logits[0].argmax()), 2]
+    params = SamplingParams(temperature=1.0)
+    p0, p1 = torch.softmax(logits[0], -1), torch.softmax(logits[1], -1)
+    n = 20_000
+    first, pair = torch.zeros(5), torch.zeros(5)
+    for stream in range(n):
+        out, lps = verify(logits, draft, params, stream, position=10)
+        first[out[0]] += 1
+        if out[0] == draft[0] and len(out) > 1:
+            pair[out[1]] += 1
+        assert lps == [pytest.approx(float(torch.log_softmax(logits[j], -1)[t]), abs=1e-6) for j, t in enumerate(out)]
+    assert torch.allclose(first / n, p0, atol=0.015)  # the first token is distributed as without a draft
+    assert torch.allclose(pair / first[draft[0]], p1, atol=0.02)  # and so is the next, given the first

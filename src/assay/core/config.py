@@ -119,6 +119,8 @@ class RolloutConfig(_Strict):
     kv_cache_mb: int = Field(512, gt=0)  # engine: KV cache budget
     max_batched_tokens: int = Field(2048, gt=0)  # engine: tokens computed per step
     max_seqs: int = Field(256, gt=0)  # engine: sequences running at once
+    speculative_tokens: int = Field(0, ge=0)  # engine: prompt-lookup draft length (0: off)
+    speculative_max_batch: int = Field(4, gt=0)  # engine: speculate only while this few sequences run
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)

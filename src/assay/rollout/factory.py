@@ -16,4 +16,6 @@ def make_backend(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrain
     from assay.rollout.engine import Engine, EngineConfig
 
     return Engine(model, tokenizer, EngineConfig(block_size=cfg.block_size, kv_cache_bytes=cfg.kv_cache_mb * 2**20,
-                                                 max_batched_tokens=cfg.max_batched_tokens, max_seqs=cfg.max_seqs))
+                                                 max_batched_tokens=cfg.max_batched_tokens, max_seqs=cfg.max_seqs,
+                                                 speculative_tokens=cfg.speculative_tokens,
+                                                 speculative_max_batch=cfg.speculative_max_batch))

@@ -29,6 +29,7 @@ from assay.rollout.engine.model_runner import ModelRunner
 from assay.rollout.engine.sampler import sample
 from assay.rollout.engine.scheduler import Scheduler
 from assay.rollout.engine.sequence import Sequence, Status
+from assay.rollout.engine.speculative import propose, verify
 from assay.rollout.weights import copy_weights
 
 
@@ -38,6 +39,9 @@ class EngineConfig:
     kv_cache_bytes: int = 512 * 2**20
     max_batched_tokens: int = 2048  # tokens computed per step (decodes + prefill chunks)
     max_seqs: int = 256  # sequences running at once
+    speculative_tokens: int = 0  # prompt-lookup draft length; 0: off
+    speculative_max_batch: int = 4  # speculate only while at most this many sequences run
+    speculative_ngram: int = 3  # longest n-gram looked up for a draft
 
 
 class Engine:
@@ -58,6 +62,7 @@ class Engine:
         self.default_stop = _default_stop(model, tokenizer)
         self.last_stats: dict[str, float] = {}  # of the last generate call
         self.totals: Counter[str] = Counter()  # summed over calls until take_stats
+        self.spec_counts: Counter[str] = Counter()  # draft tokens proposed and accepted
 
     # -- RolloutBackend -------------------------------------------------------------------------
 
@@ -88,7 +93,9 @@ class Engine:
             "cached_prompt_tokens": float(sched.cached_tokens), "computed_tokens": float(computed),
             "prefix_hit_rate": sched.cached_tokens / max(prompt_tokens, 1), "steps": float(steps),
             "preemptions": float(sched.preemptions),
+            "draft_proposed": float(self.spec_counts["proposed"]), "draft_accepted": float(self.spec_counts["accepted"]),
         }
+        self.spec_counts.clear()
         self.totals.update({k: v for k, v in self.last_stats.items() if k != "prefix_hit_rate"})
         return [[GenResult(s.completion, s.logprobs, s.finish_reason, self.version) for s in g] for g in seqs]
 
@@ -148,17 +155,25 @@ class Engine:
                              f"has {len(self.blocks.blocks)}; raise rollout.kv_cache_mb or lower max_tokens")
 
     def _step(self, sched: Scheduler) -> int:
+        drafts = self._draft(sched)
         plan = sched.schedule()
         if not plan:
             raise AssayError("engine: nothing could be scheduled (the KV cache is too small for the waiting "
                              "sequence); raise rollout.kv_cache_mb")
         done = [seq for seq, n in plan if n == seq.num_uncomputed]
-        logits = self.runner.run(plan, done)
+        spans = {id(s): len(drafts[id(s)]) + 1 for s in done if id(s) in drafts}
+        logits = self.runner.run(plan, done, spans)
         for seq, n in plan:
-            self.blocks.computed(seq, seq.num_computed + n)
+            if id(seq) not in drafts:
+                self.blocks.computed(seq, seq.num_computed + n)
         rows, samplers = [], []
-        for i, seq in enumerate(done):
-            rows.append(i)
+        row = 0
+        for seq in done:
+            if id(seq) in drafts:
+                self._accept(sched, seq, drafts[id(seq)], logits[row:row + spans[id(seq)]])
+                row += spans[id(seq)]
+                continue
+            rows.append(row)
             samplers.append(seq)
             for f in seq.followers:  # prefilled once; each follower forks and samples its own first token
                 if f.status is Status.WAITING and not f.block_table:
@@ -171,20 +186,68 @@ class Engine:
                         self.model.copy_block(*copy)
                     sched.cached_tokens += f.num_prompt
                     sched.start(f)
-                    rows.append(i)
+                    rows.append(row)
                     samplers.append(f)
             seq.followers = []
+            row += 1
         tokens, logprobs = sample(logits[rows], [s.params for s in samplers], [s.stream for s in samplers],
                                   [len(s.tokens) for s in samplers])
         for seq, tok, lp in zip(samplers, tokens, logprobs, strict=True):
+            self._emit(sched, seq, [tok], [lp])
+        return sum(n for _, n in plan)
+
+    def _draft(self, sched: Scheduler) -> dict[int, list[int]]:
+        """Prompt-lookup drafts, appended to their sequences for this step, when the batch is small:
+        every running sequence decoding, nothing waiting, and blocks enough that no one is preempted."""
+        cfg = self.config
+        running = sched.running
+        if not cfg.speculative_tokens or sched.waiting or not 0 < len(running) <= cfg.speculative_max_batch:
+            return {}
+        if any(s.num_uncomputed != 1 for s in running):
+            return {}
+        drafts = {}
+        for seq in running:
+            room = min(cfg.speculative_tokens, seq.params.max_tokens - len(seq.completion) - 1,
+                       self.model.max_positions - len(seq.tokens) - 1)
+            draft = propose(seq.tokens, cfg.speculative_ngram, room)
+            if draft:
+                drafts[id(seq)] = draft
+        need = sum(2 + len(d) // self.config.block_size for d in drafts.values()) + len(running)
+        if not drafts or self.blocks.num_free < need:  # a preemption would strand a draft: do not risk it
+            return {}
+        for seq in running:
+            if id(seq) in drafts:
+                seq.tokens += drafts[id(seq)]
+                self.blocks.reserve(seq, len(seq.tokens))
+        self.spec_counts.update(proposed=sum(len(d) for d in drafts.values()))
+        return drafts
+
+    def _accept(self, sched: Scheduler, seq: Sequence, draft: list[int], logits: Tensor) -> None:
+        """Verify a drafted sequence: keep the accepted draft tokens and the drawn one."""
+        base = len(seq.tokens) - len(draft)  # position of the first draft token
+        del seq.tokens[base:]
+        out, lps = verify(logits, draft, seq.params, seq.stream, base)
+        self.spec_counts.update(accepted=len(out) - 1)
+        # K/V stand for the sampled token and the accepted draft; the rejected tail's are dropped
+        self._emit(sched, seq, out, lps, computed_to=seq.num_computed + len(out))
+
+    def _emit(self, sched: Scheduler, seq: Sequence, tokens: list[int], logprobs: list[float],
+              computed_to: int | None = None) -> None:
+        """Append sampled tokens one by one (the first that ends the sequence ends it), record
+        what is now in the cache, and release a finished sequence."""
+        reason = ""
+        for tok, lp in zip(tokens, logprobs, strict=True):
             seq.tokens.append(tok)
             seq.logprobs.append(lp)
             reason = self._finish_reason(seq, tok)
             if reason:
-                seq.finish_reason = reason
-                sched.finish(seq)
-                self.blocks.release(seq, keep_partial=True)
-        return sum(n for _, n in plan)
+                break
+        if computed_to is not None:
+            self.blocks.computed(seq, min(computed_to, len(seq.tokens) - 1))
+        if reason:
+            seq.finish_reason = reason
+            sched.finish(seq)
+            self.blocks.release(seq, keep_partial=True)
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str:
         if tok in seq.stop_ids:

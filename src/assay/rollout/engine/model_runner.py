@@ -17,12 +17,14 @@ class ModelRunner:
         self.model = model
         self.block_size = model.block_size
 
-    def run(self, plan: list[tuple[Sequence, int]], sampling: list[Sequence]) -> Tensor:
-        """Compute the planned tokens; return logits [len(sampling), V] for the sequences in
-        `sampling` (each must finish its uncomputed tokens in this step)."""
-        return self.model.forward(self.prepare(plan, sampling))
+    def run(self, plan: list[tuple[Sequence, int]], sampling: list[Sequence],
+            spans: dict[int, int] | None = None) -> Tensor:
+        """Compute the planned tokens; return the logits of the last token of each sequence in
+        `sampling` (each must finish its uncomputed tokens in this step), or of its last
+        spans[id(seq)] tokens, in order: [sum of spans, V]."""
+        return self.model.forward(self.prepare(plan, sampling, spans or {}))
 
-    def prepare(self, plan: list[tuple[Sequence, int]], sampling: list[Sequence]) -> Batch:
+    def prepare(self, plan: list[tuple[Sequence, int]], sampling: list[Sequence], spans: dict[int, int]) -> Batch:
         bs = self.block_size
         tokens: list[int] = []
         positions: list[int] = []
@@ -53,7 +55,9 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.long, device=device),
             slots=torch.tensor(slots, dtype=torch.long, device=device),
             groups=groups,
-            logits_at=torch.tensor([last[id(s)] for s in sampling], dtype=torch.long, device=device),
+            logits_at=torch.tensor([i for s in sampling for i in range(last[id(s)] - spans.get(id(s), 1) + 1,
+                                                                         last[id(s)] + 1)],
+                                   dtype=torch.long, device=device),
         )
 
     def _prefill_group(self, members: list[tuple[Sequence, int, int]]) -> AttentionGroup:

@@ -1,0 +1,65 @@
+"""Prompt-lookup speculative decoding with exact acceptance.
+
+When few sequences are decoding, each step is dominated by fixed costs, so a sequence may verify
+several tokens at once. The draft is free: the tokens that followed the most recent earlier
+occurrence of the sequence's last n-gram (in its prompt or its own output). The model scores the
+sampled token and the draft in one forward pass; draft token d at a position with sampling
+distribution p is accepted with probability p(d) (the draft is a point mass, so this is
+min(1, p/q)); on the first rejection the token is drawn from p with d removed, renormalized; if
+every draft token is accepted, one more token is drawn from the last position. Each emitted token
+is therefore distributed exactly as without speculation (greedy: accepted iff it is the argmax).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from assay.rollout.base import SamplingParams
+from assay.rollout.engine.sampler import _truncate, _uniform
+
+_ACCEPT_SALT = 0x5DEECE66D  # acceptance tests draw from a stream apart from the token draws
+
+
+def propose(tokens: list[int], ngram: int, limit: int) -> list[int]:
+    """Up to `limit` tokens that followed the latest earlier occurrence of the last n tokens
+    (n from `ngram` down to 1)."""
+    if limit <= 0:
+        return []
+    for n in range(min(ngram, len(tokens) - 1), 0, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tail:
+                return tokens[start + n:start + n + limit]
+    return []
+
+
+def verify(logits: Tensor, draft: list[int], params: SamplingParams, stream: int | None,
+           position: int) -> tuple[list[int], list[float]]:
+    """logits [len(draft) + 1, V] at the draft's positions (row j predicts the token at
+    `position + j`) -> the emitted tokens (accepted draft tokens, then one drawn token) and their
+    logprobs, log_softmax(logits / temperature) as in `sampler.sample`."""
+    temperature = params.temperature if params.temperature > 0 else 1.0
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    out: list[int] = []
+    for j, d in enumerate(draft + [None]):
+        if params.temperature == 0:
+            tok = int(logp[j].argmax())
+            out.append(tok)
+            if tok != d:
+                break
+            continue
+        p = _truncate(logp[j:j + 1].exp(), [params])[0].double()
+        p = p / p.sum()
+        if d is not None:
+            u = _uniform(stream ^ _ACCEPT_SALT, position + j) if stream is not None else float(torch.rand(()))
+            if u < float(p[d]):
+                out.append(d)
+                continue
+            p[d] = 0.0  # rejected: draw from what is left
+        u = _uniform(stream, position + j) if stream is not None else float(torch.rand(()))
+        cdf = p.cumsum(0)
+        out.append(int(torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=len(p) - 1)))
+        break
+    lps = [float(logp[j, t]) for j, t in enumerate(out)]
+    return out, lps
