@@ -224,7 +224,7 @@ def env_check(spec: Annotated[str | None, typer.Argument(help="NAME or NAME@VERS
 
 
 def _policy_rates(checkpoint: Path, env):  # noqa: ANN001, ANN202 (a closure for run_gate)
-    """Pass rate per level of a policy checkpoint on the gate's tasks (4 samples each)."""
+    """A policy checkpoint's pass rate on each of the gate's tasks (4 samples each), per level."""
     from assay.agent.groups import collect
     from assay.core.config import DifficultyRange, DomainConfig, RolloutConfig
     from assay.core.modeling import load_model
@@ -241,7 +241,7 @@ def _policy_rates(checkpoint: Path, env):  # noqa: ANN001, ANN202 (a closure for
         for level, level_tasks in tasks.items():
             trajs = collect(backend, tokenizer, {env.domain: env}, {env.domain: domain}, level_tasks, samples=4,
                             temperature=1.0, seed=0)
-            out[level] = sum(t.passed for t in trajs) / len(trajs)
+            out[level] = [sum(t.passed for t in trajs[i:i + 4]) / 4 for i in range(0, len(trajs), 4)]
         return out
 
     return rates

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import inspect
+import json
 import random
 from importlib.metadata import EntryPoint
 
@@ -44,7 +44,7 @@ def _toy(version: str) -> type:
 
 
 def test_builtins_are_listed():
-    assert list_envs() == [("arith", "1"), ("codegen", "1"), ("jsonl", "1"), ("toolcalc", "1")]
+    assert list_envs() == [("arith", "1"), ("codegen", "1"), ("jsonl", "1"), ("terminal", "1"), ("toolcalc", "1")]
 
 
 def test_name_and_name_at_version_resolve():
@@ -55,7 +55,7 @@ def test_name_and_name_at_version_resolve():
 def test_unknown_name_lists_the_known_environments():
     with pytest.raises(UnknownEnvironmentError) as e:
         get_env("arithmetic")
-    assert str(e.value) == "unknown environment 'arithmetic'; known environments: arith, codegen, jsonl, toolcalc"
+    assert str(e.value) == "unknown environment 'arithmetic'; known environments: arith, codegen, jsonl, terminal, toolcalc"
 
 
 def test_unknown_version_lists_the_available_versions():

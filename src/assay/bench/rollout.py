@@ -90,8 +90,9 @@ def _useful(row: list[int]) -> int:
     return row.index(1) + 1 if 1 in row else len(row)
 
 
-def run_rollout_bench(shape: Shape = Shape(), dtype: str = "float32", hf_paged: bool = True,
+def run_rollout_bench(shape: Shape | None = None, dtype: str = "float32", hf_paged: bool = True,
                       seed: int = 0) -> tuple[list[Row], dict]:
+    shape = shape or Shape()
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     model = build_model(shape, torch_dtype)
     params = SamplingParams(temperature=1.0, max_tokens=shape.max_tokens, stop_token_ids=[1], seed=seed)

@@ -9,6 +9,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -92,8 +93,10 @@ class ProcessSandbox:
     def snapshot(self) -> Path:
         """A copy of the workspace (this sandbox copies; the namespace sandbox freezes a layer instead)."""
         snap = Path(tempfile.mkdtemp(prefix="assay-sbx-snap-"))
-        shutil.copytree(self.workspace, snap, symlinks=True, dirs_exist_ok=True)
-        self._snapshots.append(snap)
+        self._snapshots.append(snap)  # removed on close even when the copy below fails
+        # special files (a FIFO, a device node) are not workspace content: skipping them keeps a
+        # policy from turning its own snapshot into an infrastructure error
+        shutil.copytree(self.workspace, snap, symlinks=True, dirs_exist_ok=True, ignore=_special_files)
         return snap
 
     def restore(self, snap: Path) -> None:
@@ -123,3 +126,12 @@ class ProcessSandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _special_files(directory: str, names: list[str]) -> set[str]:
+    out = set()
+    for name in names:
+        mode = os.lstat(os.path.join(directory, name)).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            out.add(name)
+    return out

@@ -6,10 +6,10 @@ import random
 from dataclasses import dataclass, replace
 
 from assay.core.types import Message, Observation, Reward, Task, ToolCall
+from assay.envs.builtin._common import last_assistant
+from assay.envs.builtin._pyjudge import extract_code
 from assay.envs.builtin.arith import ArithEnv
 from assay.envs.builtin.codegen import CodegenEnv
-from assay.envs.builtin._pyjudge import extract_code
-from assay.envs.builtin._common import last_assistant
 from assay.sandbox import Limits, open_sandbox
 
 

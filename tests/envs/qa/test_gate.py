@@ -4,12 +4,12 @@ caught by the gate that exists for its flaw, with the failing task's seed."""
 import json
 
 import pytest
+from broken_envs import AcceptsAnything, LeaksTheAnswer, Nondeterministic, RunsTheWorkspaceTests
 
 from assay.envs import get_env
 from assay.envs.qa import QAConfig, run_gate
 from assay.envs.qa.store import VersionNotBumped, check_version, diff, previous_version, save
 from assay.envs.registry import env_hash, env_parts, env_spec
-from broken_envs import AcceptsAnything, LeaksTheAnswer, Nondeterministic, RunsTheWorkspaceTests
 
 SMALL = QAConfig(tasks_per_level=3, repeats=2, cheat_tasks_per_level=1, noisy_samples=4)
 
@@ -18,7 +18,7 @@ def failed_gates(report):
     return {f.gate for f in report.failures}
 
 
-@pytest.mark.parametrize("name", ["arith", "toolcalc", "codegen"])
+@pytest.mark.parametrize("name", ["arith", "toolcalc", "codegen", "terminal"])
 def test_builtin_environments_pass_the_gate(name):
     report = run_gate(get_env(name), SMALL)
     assert report.passed, [f.line() for f in report.failures]

@@ -3,6 +3,7 @@
 from assay.envs.builtin.arith import ArithEnv
 from assay.envs.builtin.codegen import CodegenEnv
 from assay.envs.builtin.jsonl import JsonlEnv
+from assay.envs.builtin.terminal import TerminalEnv
 from assay.envs.builtin.toolcalc import ToolcalcEnv
 
-__all__ = ["ArithEnv", "CodegenEnv", "JsonlEnv", "ToolcalcEnv"]
+__all__ = ["ArithEnv", "CodegenEnv", "JsonlEnv", "TerminalEnv", "ToolcalcEnv"]

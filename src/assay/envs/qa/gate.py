@@ -21,13 +21,14 @@ from typing import Any
 
 from assay.core.types import OK, Reward, Task
 from assay.envs.base import Environment
-from assay.envs.qa.play import Played, Strategy, play, reference_policy
+from assay.envs.qa.play import Played, play, reference_policy
 from assay.envs.qa.strategies import (
     NULL_POLICIES,
     RANDOM_ANSWER_TOLERANCE,
     Scripted,
     cheaters_for,
     kind_of,
+    noise_for,
     noisy_reference,
     other_reference,
 )
@@ -52,7 +53,8 @@ class QAConfig:
     tasks_per_level: int = 8
     repeats: int = 2  # reference runs per task
     cheat_tasks_per_level: int = 2  # tasks each cheater is tried on, per level
-    noise: float = 0.03  # per-character error rate of the noisy reference
+    noise: float | None = None  # per-character error rate of the noisy reference; None: set so it
+    # solves the easiest level's tasks 70% of the time
     noisy_samples: int = 8  # noisy-reference plays per task (calibration)
     max_turns: int = 8
     calibration_margin: float = 0.1  # allowed rise of the pass rate from one level to the next, beyond noise
@@ -93,9 +95,9 @@ def secrets(env: Environment, task: Task) -> list[str]:
 
 
 def run_gate(env: Environment, cfg: QAConfig | None = None,
-             policy_rates: Callable[[dict[int, list[Task]]], dict[int, float]] | None = None) -> GateReport:
+             policy_rates: Callable[[dict[int, list[Task]]], dict[int, list[float]]] | None = None) -> GateReport:
     """Run every gate on `tasks_per_level` generated tasks per level. `policy_rates`, when given,
-    measures a real policy's pass rate per level for the calibration gate instead of the noisy
+    measures a real policy's pass rate on each task for the calibration gate instead of the noisy
     reference."""
     cfg = cfg or QAConfig()
     spec = env_spec(env)
@@ -103,8 +105,14 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
     tasks = {level: [env.generate(random.Random(f"qa/{spec}/{level}/{i}"), level) for i in range(cfg.tasks_per_level)]
              for level in env.difficulties}
     cheaters = cheaters_for(env)
+    noise = cfg.noise if cfg.noise is not None else noise_for(env, tasks[min(tasks)])
+    report.config["noise"] = noise
+    # A terminal reference is a program over the workspace: another task's may solve this one.
+    gate_random = report.kind != "terminal"
     cheat_counts = {c.name: [0, 0, 0] for c in cheaters}  # passed, tried, infrastructure failures
+    noisy: dict[int, list[float]] = {}  # per task: the noisy reference's pass rate
     for level, level_tasks in tasks.items():
+        noisy[level] = []
         stats = {"reference": 0.0, "flaky": 0.0, "noisy": 0.0, "random well-formed": 0.0,
                  **{p.name: 0.0 for p in NULL_POLICIES}}
         for i, task in enumerate(level_tasks):
@@ -127,7 +135,7 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
                 if got.reward.status == OK and (got.reward.passed or got.reward.score > 0):
                     fail("null", f"the {null.about} policy scored {got.reward.score}")
             other = level_tasks[(i + 1) % len(level_tasks)]
-            probes = [other_reference(env, other)] + [noisy_reference(env, task, cfg.noise, random.Random(f"{task.seed}/{k}"))
+            probes = [other_reference(env, other)] + [noisy_reference(env, task, noise, random.Random(f"{task.seed}/{k}"))
                                                       for k in range(cfg.noisy_samples)]
             for k, probe in enumerate(probes):
                 a = play(env, task, probe, cfg.max_turns)
@@ -135,6 +143,9 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
                     stats["random well-formed"] += a.reward.passed
                 else:
                     stats["noisy"] += a.reward.passed / cfg.noisy_samples
+                    if k == 1:
+                        noisy[level].append(0.0)
+                    noisy[level][-1] += a.reward.passed / cfg.noisy_samples
                 if k < 2:  # the same trajectory again, in a fresh episode
                     b = play(env, task, probe, cfg.max_turns)
                     if (a.reward.score, a.reward.passed, a.reward.status) != (b.reward.score, b.reward.passed,
@@ -153,11 +164,11 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
                             fail("cheaters", f"the cheater {cheater.name!r} ({cheater.about}) passed")
         n = len(level_tasks)
         report.levels[level] = {k: v / n for k, v in stats.items()}
-    _chance_checks(report, tasks, cheaters, cheat_counts)
-    rates = policy_rates(tasks) if policy_rates else {lv: s["noisy"] for lv, s in report.levels.items()}
-    for level, rate in rates.items():
-        report.levels[level]["calibration pass rate"] = rate
-    _calibration(report, rates, cfg)
+    _chance_checks(report, tasks, cheaters, cheat_counts, gate_random)
+    per_task = policy_rates(tasks) if policy_rates else noisy
+    for level, rates in per_task.items():
+        report.levels[level]["calibration pass rate"] = sum(rates) / max(len(rates), 1)
+    _calibration(report, per_task, cfg)
     return report
 
 
@@ -175,11 +186,11 @@ def _why(p: Played) -> str:
 
 
 def _chance_checks(report: GateReport, tasks: dict[int, list[Task]], cheaters: list[Scripted],
-                   counts: dict[str, list[int]]) -> None:
+                   counts: dict[str, list[int]], gate_random: bool) -> None:
     first = min(tasks)
     seed = tasks[first][0].seed
     for level, stats in report.levels.items():
-        if stats["random well-formed"] > RANDOM_ANSWER_TOLERANCE:
+        if gate_random and stats["random well-formed"] > RANDOM_ANSWER_TOLERANCE:
             report.failures.append(Failure("null", level, tasks[level][0].seed,
                                            f"another task's answer passes {stats['random well-formed']:.0%} of tasks "
                                            f"(chance allows {RANDOM_ANSWER_TOLERANCE:.0%}): the verifier accepts "
@@ -194,12 +205,19 @@ def _chance_checks(report: GateReport, tasks: dict[int, list[Task]], cheaters: l
                                                                      f"{rate:.0%} of tasks (chance allows {c.tolerance:.0%})"))
 
 
-def _calibration(report: GateReport, rates: dict[int, float], cfg: QAConfig) -> None:
-    levels = sorted(rates)
-    n = cfg.tasks_per_level * (cfg.noisy_samples if report.config.get("policy") is None else 1)
+def _calibration(report: GateReport, per_task: dict[int, list[float]], cfg: QAConfig) -> None:
+    """Fail when the pass rate rises from one level to the next by more than the margin and twice
+    the standard error of the difference (tasks are the unit: their rates vary far more than the
+    samples of one task do)."""
+    def mean_se(rates: list[float]) -> tuple[float, float]:
+        n = len(rates)
+        m = sum(rates) / n
+        var = sum((r - m) ** 2 for r in rates) / (n - 1) if n > 1 else 0.25
+        return m, math.sqrt(var / n)
+
+    levels = sorted(lv for lv, r in per_task.items() if r)
     for lo, hi in zip(levels, levels[1:], strict=False):
-        p = (rates[lo] + rates[hi]) / 2
-        noise = 2 * math.sqrt(2 * p * (1 - p) / n) if n else 0.0
-        if rates[hi] > rates[lo] + max(cfg.calibration_margin, noise):
-            report.failures.append(Failure("calibration", hi, -1, f"the pass rate rises from {rates[lo]:.2f} at level "
-                                                                  f"{lo} to {rates[hi]:.2f} at level {hi}"))
+        (m_lo, se_lo), (m_hi, se_hi) = mean_se(per_task[lo]), mean_se(per_task[hi])
+        if m_hi > m_lo + max(cfg.calibration_margin, 2 * math.hypot(se_lo, se_hi)):
+            report.failures.append(Failure("calibration", hi, -1, f"the pass rate rises from {m_lo:.2f} at level "
+                                                                  f"{lo} to {m_hi:.2f} at level {hi}"))

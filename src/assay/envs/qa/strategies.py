@@ -72,19 +72,32 @@ RANDOM_ANSWER_TOLERANCE = 0.2
 
 def noisy_reference(env: Environment, task: Task, noise: float, rng: random.Random) -> Replay:
     """The reference played by a policy that errs at each character it writes with probability
-    `noise`, and whose first error breaks the result (its final answer comes out garbled): it
+    `noise`, and whose first error breaks the result (every turn comes out garbled): it
     succeeds with probability (1 - noise) ** (characters in the reference), so a task whose
     solution takes more work is harder for it. A proxy for difficulty that needs no model;
     `assay env check --policy` measures a real one."""
     turns = [m for m in env.reference_solution(task) if m.role == "assistant"]
-    work = sum(len(m.content) + sum(len(str(v)) for c in m.tool_calls for v in c.arguments.values()) for m in turns)
-    if turns and rng.random() >= (1 - noise) ** work:
-        last = turns[-1]
-        garbled = "".join(rng.choice("0123456789abcdefxyz +-*()") if rng.random() < 0.5 else c for c in last.content)
-        calls = [replace(c, arguments={k: v[::-1] + "x" if isinstance(v, str) else v for k, v in c.arguments.items()})
-                 for c in last.tool_calls]
-        turns[-1] = Message("assistant", garbled, calls)
+    if rng.random() >= (1 - noise) ** reference_work(turns):
+        def garble(text: str) -> str:
+            return "".join(rng.choice("0123456789abcdefxyz +-*()") if rng.random() < 0.5 else c for c in text)
+
+        turns = [Message("assistant", garble(m.content),
+                         [replace(c, arguments={k: garble(v) if isinstance(v, str) else v for k, v in c.arguments.items()})
+                          for c in m.tool_calls]) for m in turns]
     return Replay("noisy reference", turns)
+
+
+def reference_work(turns: list[Message]) -> int:
+    """Characters a policy writes to play these turns: their text and string tool arguments."""
+    return sum(len(m.content) + sum(len(str(v)) for c in m.tool_calls for v in c.arguments.values()) for m in turns)
+
+
+def noise_for(env: Environment, easiest: list[Task], success: float = 0.7) -> float:
+    """The per-character error rate at which the noisy reference solves the easiest level's tasks
+    with probability `success` (on average length): the calibration probe then has room to fall."""
+    lengths = [reference_work([m for m in env.reference_solution(t) if m.role == "assistant"]) for t in easiest]
+    mean = max(sum(lengths) / max(len(lengths), 1), 1.0)
+    return 1 - success ** (1 / mean)
 
 
 # -- cheaters -----------------------------------------------------------------------------------------
