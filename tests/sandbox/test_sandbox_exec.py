@@ -174,3 +174,8 @@ def test_staged_workers_that_die_are_replaced(sbx: NamespaceSandbox) -> None:
     assert first_ok <= launcher_module.IDLE_WORKERS
     assert all(r.status == SANDBOX_ERROR for r in results[:first_ok])
     assert [r.stdout for r in results[first_ok:]] == [f"{i}\n" for i in range(first_ok, len(results))]
+
+
+def test_a_nul_byte_in_a_command_is_the_commands_failure_not_an_infrastructure_error(sbx) -> None:
+    for result in (sbx.exec(["echo", "a\0b"]), sbx.exec("echo a\0b")):
+        assert result.status == "exited" and result.exit_code == 126 and "NUL" in result.stderr

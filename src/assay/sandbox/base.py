@@ -42,6 +42,15 @@ class ExecResult:
         return self.status == EXITED and self.exit_code == 0
 
 
+def refuse_nul(argv: list[str]) -> ExecResult | None:
+    """No program can receive an argument holding a NUL byte. That is the command's own failure
+    (exit 126, as a shell reports a command it cannot execute), never an infrastructure error: a
+    policy must not be able to turn a wrong answer into an excluded one."""
+    if any("\0" in a for a in argv):
+        return ExecResult("", "sandbox: a command argument contains a NUL byte; no program can receive it\n", 126, 0.0)
+    return None
+
+
 class Sandbox(Protocol):
     """Paths are relative to the workspace. `snapshot()` returns an opaque value only `restore` (and, for the
     namespace sandbox, a new sandbox's `template`) understands."""

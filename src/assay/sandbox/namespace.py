@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from assay.core.errors import AssayError
-from assay.sandbox.base import SANDBOX_ERROR, ExecResult, Limits
+from assay.sandbox.base import SANDBOX_ERROR, ExecResult, Limits, refuse_nul
 from assay.sandbox.client import Launcher, get_launcher
 
 MAX_LAYERS = 128  # overlayfs stacks up to 500; the mount options must fit in a page
@@ -150,7 +150,8 @@ class NamespaceSandbox:
     def exec(self, cmd: list[str] | str, stdin: str | bytes | None = None, timeout: float | None = None,
              env: Mapping[str, str] | None = None) -> ExecResult:
         """Run a command (a string goes to /bin/sh -c) in /workspace. `env` adds to the allowlisted variables."""
-        return self._call_sync(_argv(cmd), stdin, timeout, env)[0]
+        argv = _argv(cmd)
+        return refuse_nul(argv) or self._call_sync(argv, stdin, timeout, env)[0]
 
     def run_python(self, code: str, stdin: str | bytes | None = None, timeout: float | None = None) -> ExecResult:
         """Write `code` to main.py in the workspace and run it with the sandbox's python3."""
@@ -167,7 +168,8 @@ class NamespaceSandbox:
 
     async def aexec(self, cmd: list[str] | str, stdin: str | bytes | None = None, timeout: float | None = None,
                     env: Mapping[str, str] | None = None) -> ExecResult:
-        return (await self._call_async(_argv(cmd), stdin, timeout, env))[0]
+        argv = _argv(cmd)
+        return refuse_nul(argv) or (await self._call_async(argv, stdin, timeout, env))[0]
 
     async def arun_python(self, code: str, stdin: str | bytes | None = None, timeout: float | None = None,
                           ) -> ExecResult:

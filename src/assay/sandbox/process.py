@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from assay.sandbox.base import EXITED, OOM, OUTPUT_TRUNCATED, SANDBOX_ERROR, TIMEOUT, ExecResult, Limits
+from assay.sandbox.base import EXITED, OOM, OUTPUT_TRUNCATED, SANDBOX_ERROR, TIMEOUT, ExecResult, Limits, refuse_nul
 
 _ENV_ALLOWLIST = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                   "PYTHONHASHSEED": "0"}
@@ -42,6 +42,8 @@ class ProcessSandbox:
 
     def exec(self, cmd: list[str] | str, stdin: str | None = None, timeout: float | None = None) -> ExecResult:
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if (refused := refuse_nul(argv)) is not None:
+            return refused
         timeout = timeout or self.limits.timeout_s
         start = time.monotonic()
         env = dict(_ENV_ALLOWLIST, HOME=str(self.workspace), TMPDIR=str(self.workspace))
