@@ -467,6 +467,12 @@ class TerminalEnv:
                     difficulty=difficulty, prompt=[Message("system", SYSTEM), Message("user", t.instruction)],
                     tools=list(self.tools), payload=payload, seed=seed, env_hash=env_hash(self))
 
+    def secrets(self, task: Task) -> list[str]:
+        """What the QA gate checks the policy never sees: the hidden tests' calls and expected
+        results. (Answers found by working, such as a path grep prints, are meant to be seen.)"""
+        check = task.payload.get("check", {})
+        return [json.dumps(check[k]) for k in ("calls", "expected") if isinstance(check.get(k), list)]
+
     def reference_solution(self, task: Task) -> list[Message]:
         steps = task.payload["solution"]
         if any("output" not in s for s in steps):  # a directory task: its outputs come from running it
