@@ -168,7 +168,7 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
     per_task = policy_rates(tasks) if policy_rates else noisy
     for level, rates in per_task.items():
         report.levels[level]["calibration pass rate"] = sum(rates) / max(len(rates), 1)
-    _calibration(report, per_task, cfg)
+    _calibration(report, per_task, cfg, samples=4 if policy_rates else cfg.noisy_samples)
     return report
 
 
@@ -205,19 +205,29 @@ def _chance_checks(report: GateReport, tasks: dict[int, list[Task]], cheaters: l
                                                                      f"{rate:.0%} of tasks (chance allows {c.tolerance:.0%})"))
 
 
-def _calibration(report: GateReport, per_task: dict[int, list[float]], cfg: QAConfig) -> None:
+def _calibration(report: GateReport, per_task: dict[int, list[float]], cfg: QAConfig, samples: int) -> None:
     """Fail when the pass rate rises from one level to the next by more than the margin and twice
-    the standard error of the difference (tasks are the unit: their rates vary far more than the
-    samples of one task do)."""
+    the standard error of the difference. Tasks are the unit (their rates vary more than the
+    samples of one task do); a task's rate is at least as uncertain as its `samples` draws allow."""
     def mean_se(rates: list[float]) -> tuple[float, float]:
         n = len(rates)
         m = sum(rates) / n
-        var = sum((r - m) ** 2 for r in rates) / (n - 1) if n > 1 else 0.25
-        return m, math.sqrt(var / n)
+        between = sum((r - m) ** 2 for r in rates) / (n - 1) if n > 1 else 0.25
+        return m, math.sqrt(max(between, m * (1 - m) / samples) / n)
 
     levels = sorted(lv for lv, r in per_task.items() if r)
     for lo, hi in zip(levels, levels[1:], strict=False):
         (m_lo, se_lo), (m_hi, se_hi) = mean_se(per_task[lo]), mean_se(per_task[hi])
-        if m_hi > m_lo + max(cfg.calibration_margin, 2 * math.hypot(se_lo, se_hi)):
+        df = min(len(per_task[lo]), len(per_task[hi])) - 1  # few tasks: Student's t, conservatively
+        if m_hi > m_lo + max(cfg.calibration_margin, _t975(df) * math.hypot(se_lo, se_hi)):
             report.failures.append(Failure("calibration", hi, -1, f"the pass rate rises from {m_lo:.2f} at level "
                                                                   f"{lo} to {m_hi:.2f} at level {hi}"))
+
+
+def _t975(df: int) -> float:
+    """The two-sided 95% critical value of Student's t with `df` degrees of freedom."""
+    table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 15: 2.13,
+             20: 2.09, 30: 2.04}
+    if df < 1:
+        return table[1]
+    return table.get(df) or table[max(k for k in table if k <= df)] if df <= 30 else 1.96
