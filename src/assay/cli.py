@@ -193,6 +193,8 @@ def env_check(spec: Annotated[str | None, typer.Argument(help="NAME or NAME@VERS
               all_: Annotated[bool, typer.Option("--all", help="every registered environment")] = False,
               tasks: Annotated[int, typer.Option(help="tasks per difficulty level")] = 8,
               policy: Annotated[Path | None, typer.Option(help="calibrate with this policy instead of a noisy reference")] = None,
+              env_arg: Annotated[list[str] | None, typer.Option(help="KEY=VALUE for the environment's constructor, "
+                                                                  "e.g. path=data.jsonl or tasks_dir=my_tasks")] = None,
               store: Annotated[Path, typer.Option(help="the QA store (one JSON record per run)")] = Path("envqa")) -> None:
     """The QA gate: reference, null policies, cheaters, determinism, leaks, calibration."""
     from assay.envs.qa import QAConfig, run_gate
@@ -202,11 +204,17 @@ def env_check(spec: Annotated[str | None, typer.Argument(help="NAME or NAME@VERS
 
     if all_ == (spec is not None):
         raise AssayError("assay env check takes one NAME[@VERSION] or --all")
+    args = {}
+    for item in env_arg or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise AssayError(f"--env-arg {item!r}: expected KEY=VALUE, e.g. --env-arg path=data.jsonl")
+        args[key] = value
     specs = [f"{n}@{v}" for n, v in list_envs()] if all_ else [spec]
     failed = []
     for s in specs:
         try:
-            env = get_env(s)
+            env = get_env(s, **args)
         except AssayError as e:
             console.print(f"[yellow]skipped[/] {s}: {e}")
             continue

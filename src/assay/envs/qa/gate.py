@@ -21,7 +21,7 @@ from typing import Any
 
 from assay.core.types import OK, Reward, Task
 from assay.envs.base import Environment
-from assay.envs.qa.play import Played, play, reference_policy
+from assay.envs.qa.play import Played, Strategy, play, reference_policy
 from assay.envs.qa.strategies import (
     NULL_POLICIES,
     RANDOM_ANSWER_TOLERANCE,
@@ -134,24 +134,21 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
                 stats[null.name] += got.reward.passed
                 if got.reward.status == OK and (got.reward.passed or got.reward.score > 0):
                     fail("null", f"the {null.about} policy scored {got.reward.score}")
-            other = level_tasks[(i + 1) % len(level_tasks)]
-            probes = [other_reference(env, other)] + [noisy_reference(env, task, noise, random.Random(f"{task.seed}/{k}"))
-                                                      for k in range(cfg.noisy_samples)]
-            for k, probe in enumerate(probes):
-                a = play(env, task, probe, cfg.max_turns)
-                if probe.name == "random well-formed":
-                    stats["random well-formed"] += a.reward.passed
-                else:
-                    stats["noisy"] += a.reward.passed / cfg.noisy_samples
-                    if k == 1:
-                        noisy[level].append(0.0)
-                    noisy[level][-1] += a.reward.passed / cfg.noisy_samples
-                if k < 2:  # the same trajectory again, in a fresh episode
-                    b = play(env, task, probe, cfg.max_turns)
-                    if (a.reward.score, a.reward.passed, a.reward.status) != (b.reward.score, b.reward.passed,
-                                                                              b.reward.status):
-                        fail("determinism", f"the {probe.name} trajectory scored {a.reward.score} then "
-                                            f"{b.reward.score}")
+            others = [t for t in level_tasks[i + 1:] + level_tasks[:i] if t.task_id != task.task_id]
+            if others:  # a random well-formed answer: a different task's reference
+                probe = other_reference(env, others[0])
+                got = play(env, task, probe, cfg.max_turns)
+                stats["random well-formed"] += got.reward.passed
+                _replay_same(env, task, probe, got, cfg, fail)
+            wins = 0.0
+            for k in range(cfg.noisy_samples):
+                probe = noisy_reference(env, task, noise, random.Random(f"{task.seed}/{k}"))
+                got = play(env, task, probe, cfg.max_turns)
+                wins += got.reward.passed
+                if k == 0:
+                    _replay_same(env, task, probe, got, cfg, fail)
+            noisy[level].append(wins / max(cfg.noisy_samples, 1))
+            stats["noisy"] += noisy[level][-1]
             if i < cfg.cheat_tasks_per_level:
                 for cheater in cheaters:
                     got = play(env, task, cheater, cfg.max_turns)
@@ -170,6 +167,15 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
         report.levels[level]["calibration pass rate"] = sum(rates) / max(len(rates), 1)
     _calibration(report, per_task, cfg, samples=4 if policy_rates else cfg.noisy_samples)
     return report
+
+
+def _replay_same(env: Environment, task: Task, probe: Strategy, first: Played, cfg: QAConfig,
+                 fail: Callable[[str, str], None]) -> None:
+    """The same trajectory again, in a fresh episode: it must get the same reward."""
+    again = play(env, task, probe, cfg.max_turns)
+    a, b = first.reward, again.reward
+    if (a.score, a.passed, a.status) != (b.score, b.passed, b.status):
+        fail("determinism", f"the {probe.name} trajectory scored {a.score} then {b.score}")
 
 
 def _failer(report: GateReport, level: int, task: Task) -> Callable[[str, str], None]:
