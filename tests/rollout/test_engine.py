@@ -230,3 +230,22 @@ def test_speculative_acceptance_leaves_the_distribution_unchanged():
         assert lps == [pytest.approx(float(torch.log_softmax(logits[j], -1)[t]), abs=1e-6) for j, t in enumerate(out)]
     assert torch.allclose(first / n, p0, atol=0.015)  # the first token is distributed as without a draft
     assert torch.allclose(pair / first[draft[0]], p1, atol=0.02)  # and so is the next, given the first
+
+
+def test_a_failed_generate_frees_every_block(tok, policy, monkeypatch):
+    engine = Engine(policy, tok)
+    real, calls = engine.runner.run, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "run", flaky)
+    with pytest.raises(RuntimeError):
+        engine.generate([GenRequest(p, GREEDY) for p in random_prompts(len(tok), 4)])
+    assert engine.blocks.num_free == len(engine.blocks.blocks)
+    monkeypatch.setattr(engine.runner, "run", real)
+    prompts = random_prompts(len(tok), 3)
+    assert engine_tokens(engine, prompts) == hf_greedy(policy, tok, prompts)  # and it still works

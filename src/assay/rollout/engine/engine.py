@@ -86,6 +86,10 @@ class Engine:
                 steps += 1
         finally:
             self.model.hf.train(was_training)
+            for group in seqs:  # after a failure, no block stays held by a sequence nobody will finish
+                for seq in group:
+                    if seq.block_table:
+                        self.blocks.release(seq, keep_partial=False)
         prompt_tokens = sum(s.num_prompt for g in seqs for s in g)
         generated = sum(len(s.completion) for g in seqs for s in g)
         self.last_stats = {
