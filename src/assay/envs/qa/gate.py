@@ -112,61 +112,73 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
     cheat_counts = {c.name: [0, 0, 0] for c in cheaters}  # passed, tried, infrastructure failures
     noisy: dict[int, list[float]] = {}  # per task: the noisy reference's pass rate
     for level, level_tasks in tasks.items():
+        stats = dict.fromkeys(["reference", "flaky", "noisy", "random well-formed", *(p.name for p in NULL_POLICIES)],
+                              0.0)
         noisy[level] = []
-        stats = {"reference": 0.0, "flaky": 0.0, "noisy": 0.0, "random well-formed": 0.0,
-                 **{p.name: 0.0 for p in NULL_POLICIES}}
         for i, task in enumerate(level_tasks):
             fail = _failer(report, level, task)
-            ref = [play(env, task, reference_policy(env, task), cfg.max_turns) for _ in range(cfg.repeats)]
-            if any(r.reward.status != OK for r in ref):
-                fail("infrastructure", f"the reference run failed: {_why(next(r for r in ref if r.reward.status != OK))}")
-            elif not all(_full(r.reward) for r in ref):
-                fail("reference", f"the reference scored {[r.reward.score for r in ref]}, not full reward: "
-                                  f"{_why(next(r for r in ref if not _full(r.reward)))}")
-            stats["reference"] += all(_full(r.reward) for r in ref)
-            stats["flaky"] += len({(r.reward.score, r.reward.status) for r in ref}) > 1
-            seen = "\n".join([m.content for m in task.prompt] + [o for r in ref for o in r.observations])
-            leaked = [s for s in secrets(env, task) if s in seen]
-            if leaked:
-                fail("no leak", f"the policy is shown the hidden {leaked[0][:60]!r}")
-            for null in NULL_POLICIES:
-                got = play(env, task, null, cfg.max_turns)
-                stats[null.name] += got.reward.passed
-                if got.reward.status == OK and (got.reward.passed or got.reward.score > 0):
-                    fail("null", f"the {null.about} policy scored {got.reward.score}")
             others = [t for t in level_tasks[i + 1:] + level_tasks[:i] if t.task_id != task.task_id]
-            if others:  # a random well-formed answer: a different task's reference
-                probe = other_reference(env, others[0])
-                got = play(env, task, probe, cfg.max_turns)
-                stats["random well-formed"] += got.reward.passed
-                _replay_same(env, task, probe, got, cfg, fail)
-            wins = 0.0
-            for k in range(cfg.noisy_samples):
-                probe = noisy_reference(env, task, noise, random.Random(f"{task.seed}/{k}"))
-                got = play(env, task, probe, cfg.max_turns)
-                wins += got.reward.passed
-                if k == 0:
-                    _replay_same(env, task, probe, got, cfg, fail)
-            noisy[level].append(wins / max(cfg.noisy_samples, 1))
-            stats["noisy"] += noisy[level][-1]
+            noisy[level].append(_check_task(env, task, others[0] if others else None, cfg, noise, stats, fail))
             if i < cfg.cheat_tasks_per_level:
-                for cheater in cheaters:
-                    got = play(env, task, cheater, cfg.max_turns)
-                    counts = cheat_counts[cheater.name]
-                    counts[1] += 1
-                    counts[2] += got.reward.status != OK
-                    if got.reward.status == OK and got.reward.passed:
-                        counts[0] += 1
-                        if cheater.tolerance == 0:
-                            fail("cheaters", f"the cheater {cheater.name!r} ({cheater.about}) passed")
-        n = len(level_tasks)
-        report.levels[level] = {k: v / n for k, v in stats.items()}
+                _try_cheaters(env, task, cheaters, cheat_counts, cfg, fail)
+        report.levels[level] = {k: v / len(level_tasks) for k, v in stats.items()}
     _chance_checks(report, tasks, cheaters, cheat_counts, gate_random)
     per_task = policy_rates(tasks) if policy_rates else noisy
     for level, rates in per_task.items():
         report.levels[level]["calibration pass rate"] = sum(rates) / max(len(rates), 1)
     _calibration(report, per_task, cfg, samples=4 if policy_rates else cfg.noisy_samples)
     return report
+
+
+def _check_task(env: Environment, task: Task, other: Task | None, cfg: QAConfig, noise: float,
+                stats: dict[str, float], fail: Callable[[str, str], None]) -> float:
+    """Reference, leaks, null policies, determinism and the noisy reference on one task; adds to
+    the level's `stats` and returns the noisy reference's pass rate on it."""
+    ref = [play(env, task, reference_policy(env, task), cfg.max_turns) for _ in range(cfg.repeats)]
+    if any(r.reward.status != OK for r in ref):
+        fail("infrastructure", f"the reference run failed: {_why(next(r for r in ref if r.reward.status != OK))}")
+    elif not all(_full(r.reward) for r in ref):
+        fail("reference", f"the reference scored {[r.reward.score for r in ref]}, not full reward: "
+                          f"{_why(next(r for r in ref if not _full(r.reward)))}")
+    stats["reference"] += all(_full(r.reward) for r in ref)
+    stats["flaky"] += len({(r.reward.score, r.reward.status) for r in ref}) > 1
+    seen = "\n".join([m.content for m in task.prompt] + [o for r in ref for o in r.observations])
+    leaked = [s for s in secrets(env, task) if s in seen]
+    if leaked:
+        fail("no leak", f"the policy is shown the hidden {leaked[0][:60]!r}")
+    for null in NULL_POLICIES:
+        got = play(env, task, null, cfg.max_turns)
+        stats[null.name] += got.reward.passed
+        if got.reward.status == OK and (got.reward.passed or got.reward.score > 0):
+            fail("null", f"the {null.about} policy scored {got.reward.score}")
+    if other is not None:  # a random well-formed answer: a different task's reference
+        probe = other_reference(env, other)
+        got = play(env, task, probe, cfg.max_turns)
+        stats["random well-formed"] += got.reward.passed
+        _replay_same(env, task, probe, got, cfg, fail)
+    wins = 0.0
+    for k in range(cfg.noisy_samples):
+        probe = noisy_reference(env, task, noise, random.Random(f"{task.seed}/{k}"))
+        got = play(env, task, probe, cfg.max_turns)
+        wins += got.reward.passed
+        if k == 0:
+            _replay_same(env, task, probe, got, cfg, fail)
+    rate = wins / max(cfg.noisy_samples, 1)
+    stats["noisy"] += rate
+    return rate
+
+
+def _try_cheaters(env: Environment, task: Task, cheaters: list[Scripted], counts: dict[str, list[int]],
+                  cfg: QAConfig, fail: Callable[[str, str], None]) -> None:
+    for cheater in cheaters:
+        got = play(env, task, cheater, cfg.max_turns)
+        c = counts[cheater.name]
+        c[1] += 1
+        c[2] += got.reward.status != OK
+        if got.reward.status == OK and got.reward.passed:
+            c[0] += 1
+            if cheater.tolerance == 0:
+                fail("cheaters", f"the cheater {cheater.name!r} ({cheater.about}) passed")
 
 
 def _replay_same(env: Environment, task: Task, probe: Strategy, first: Played, cfg: QAConfig,
