@@ -107,3 +107,12 @@ def test_token_logprobs_with_a_model():
     lsm = table.log_softmax(-1)
     want = [[0.0, lsm[1, 4], lsm[4, 2], lsm[2, 0]], [0.0, lsm[3, 3], lsm[3, 0], lsm[0, 0]]]
     assert torch.allclose(logp, torch.tensor(want), atol=1e-6)
+
+
+def test_token_logprobs_at_the_rollout_temperature():
+    torch.manual_seed(0)
+    table = torch.randn(5, 5)
+    ids = torch.tensor([[1, 4, 2]])
+    logp, _ = token_logprobs(Bigram(table), ids, torch.ones_like(ids), temperature=0.5)
+    lsm = (table / 0.5).log_softmax(-1)
+    assert torch.allclose(logp, torch.tensor([[0.0, lsm[1, 4], lsm[4, 2]]]), atol=1e-6)

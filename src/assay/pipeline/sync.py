@@ -42,7 +42,7 @@ class SyncPipeline:
         atomic_write(run_dir / "config.yaml", dump_config(cfg))  # the config in effect (a resume may override)
         self.threads = apply_threads(cfg.threads, self.model)
         ref = self._reference_policy() if cfg.train.loss.kl_coef > 0 else None
-        self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref)
+        self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature)
         self.mixer = DomainMixer(cfg.domains, cfg.mixer, self.envs, seed=cfg.seed)
         if resume:
             self.trainer.load_state_dict({**blob["trainer"], "model": self.model.state_dict()})

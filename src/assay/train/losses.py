@@ -96,7 +96,9 @@ def logprobs_from_logits(logits: Tensor, input_ids: Tensor) -> tuple[Tensor, Ten
     return torch.cat([zero, logp], dim=1), torch.cat([zero, entropy], dim=1)
 
 
-def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Forward a (right-padded) batch through a causal LM and return `logprobs_from_logits`."""
+def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                   temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Forward a (right-padded) batch through a causal LM and return `logprobs_from_logits` of the
+    distribution the rollout sampled from: logits / temperature (what behaviour logprobs are)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    return logprobs_from_logits(logits, input_ids)
+    return logprobs_from_logits(logits / temperature if temperature != 1.0 else logits, input_ids)

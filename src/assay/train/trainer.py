@@ -66,12 +66,14 @@ def _pad(samples: Sequence[Sample], device: torch.device) -> dict[str, Tensor]:
 class GRPOTrainer:
     """Implements the Trainer protocol for GRPO, Dr. GRPO, RLOO and DAPO's clip-higher/token-level loss."""
 
-    def __init__(self, model: nn.Module, cfg: TrainConfig, ref_model: nn.Module | None = None) -> None:
+    def __init__(self, model: nn.Module, cfg: TrainConfig, ref_model: nn.Module | None = None,
+                 temperature: float = 1.0) -> None:
         if cfg.loss.kl_coef > 0 and ref_model is None:
             raise AssayError("train.loss.kl_coef > 0 needs a frozen reference model; pass ref_model or set kl_coef=0")
         self.model = model
         self.cfg = cfg
         self.ref_model = ref_model
+        self.temperature = temperature  # the rollout's: ratios compare the distribution actually sampled
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -187,7 +189,7 @@ class GRPOTrainer:
 
     def _logprobs(self, model: nn.Module, b: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
-            return token_logprobs(model, b["input_ids"], b["attention_mask"])
+            return token_logprobs(model, b["input_ids"], b["attention_mask"], self.temperature)
 
     # -- weights and checkpoints -----------------------------------------------------------------
 
