@@ -4,6 +4,7 @@ the test suite's own, trusted programs (references and cheater strategies) witho
 
 import warnings
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
@@ -16,3 +17,13 @@ def pytest_configure(config):
     if problem is not None:
         warnings.warn(f"no sandbox on this host ({problem}); sandbox tests skip, graders run unisolated", stacklevel=1)
         allow_unsafe_sandbox()
+
+
+@pytest.fixture(scope="session")
+def isolated() -> None:
+    """Skip a test that needs real isolation (sandbox tests, hostile programs) where there is none."""
+    from assay.sandbox import isolation_problem
+
+    problem = isolation_problem()
+    if problem is not None:
+        pytest.skip(f"the namespace sandbox cannot run on this host: {problem}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
@@ -21,6 +22,8 @@ from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observa
 from assay.envs.base import Episode
 from assay.envs.tools import validate_call
 from assay.rollout.base import GenRequest, GenResult, RolloutBackend, SamplingParams
+
+VERIFY_WORKERS = 4  # episodes verified at once (a codegen verification is a sandboxed run)
 
 
 @dataclass
@@ -96,7 +99,9 @@ def run_episodes(
             _take_turn(r, res[0], req.params.max_tokens < params.max_tokens, tokenizer, stop, max_turns, max_context)
         turn += 1
 
-    return [_finish(r, plen, policy_version) for r, plen in zip(runs, prompt_lens, strict=True)]
+    # Verification is independent per episode and mostly waits on sandboxes: run it concurrently.
+    with ThreadPoolExecutor(max_workers=min(VERIFY_WORKERS, len(runs)) or 1) as pool:
+        return list(pool.map(lambda rp: _finish(rp[0], rp[1], policy_version), zip(runs, prompt_lens, strict=True)))
 
 
 def _take_turn(

@@ -10,6 +10,7 @@ from assay.envs import get_env
 from assay.envs.qa import QAConfig, run_gate
 from assay.envs.qa.store import VersionNotBumped, check_version, diff, previous_version, save
 from assay.envs.registry import env_hash, env_parts, env_spec
+from assay.sandbox import isolation_problem
 
 SMALL = QAConfig(tasks_per_level=3, repeats=2, cheat_tasks_per_level=1, noisy_samples=4)
 
@@ -21,9 +22,12 @@ def failed_gates(report):
 @pytest.mark.parametrize("name", ["arith", "toolcalc", "codegen", "terminal"])
 def test_builtin_environments_pass_the_gate(name):
     report = run_gate(get_env(name), SMALL)
-    assert report.passed, [f.line() for f in report.failures]
+    assert not report.failures, [f.line() for f in report.failures]
     assert all(s["reference"] == 1.0 for s in report.levels.values())
-    assert report.cheaters and all(c["passed"] == 0 for c in report.cheaters.values())
+    if isolation_problem() is not None and report.kind != "answer":  # hostile programs never run unisolated
+        assert report.skipped and not report.cheaters and not report.passed
+        return
+    assert report.passed and report.cheaters and all(c["passed"] == 0 for c in report.cheaters.values())
 
 
 def test_jsonl_passes_the_gate(tmp_path):
@@ -53,7 +57,7 @@ def test_a_nondeterministic_verifier_fails_determinism():
     assert {"determinism", "reference"} <= failed_gates(report)
 
 
-def test_grading_an_edited_test_file_is_caught_by_the_cheaters():
+def test_grading_an_edited_test_file_is_caught_by_the_cheaters(isolated):
     report = run_gate(RunsTheWorkspaceTests(), QAConfig(tasks_per_level=1, repeats=1, cheat_tasks_per_level=1,
                                                         noisy_samples=1))
     caught = {f.reason for f in report.failures if f.gate == "cheaters"}

@@ -33,6 +33,7 @@ from assay.envs.qa.strategies import (
     other_reference,
 )
 from assay.envs.registry import env_hash, env_parts, env_spec
+from assay.sandbox import isolation_problem
 
 GATES = ("reference", "null", "cheaters", "determinism", "no leak", "calibration", "infrastructure")
 
@@ -70,14 +71,17 @@ class GateReport:
     levels: dict[int, dict[str, float]] = field(default_factory=dict)
     cheaters: dict[str, dict[str, Any]] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # gates that could not run here, and why
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        """Every gate ran and held (a skipped gate is not a pass)."""
+        return not self.failures and not self.skipped
 
     def gate_status(self) -> dict[str, str]:
         failed = {f.gate for f in self.failures}
-        return {g: "fail" if g in failed else "pass" for g in GATES}
+        skipped = {s.split(":", 1)[0] for s in self.skipped}
+        return {g: "fail" if g in failed else "skipped" if g in skipped else "pass" for g in GATES}
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -105,6 +109,11 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
     tasks = {level: [env.generate(random.Random(f"qa/{spec}/{level}/{i}"), level) for i in range(cfg.tasks_per_level)]
              for level in env.difficulties}
     cheaters = cheaters_for(env)
+    if report.kind != "answer" and isolation_problem() is not None:
+        # Cheaters are hostile programs (they write outside their workspace on purpose): without
+        # isolation they would run on this host. The gate says so instead of running them.
+        report.skipped.append(f"cheaters: this host cannot isolate code ({isolation_problem()})")
+        cheaters = []
     noise = cfg.noise if cfg.noise is not None else noise_for(env, tasks[min(tasks)])
     report.config["noise"] = noise
     # A terminal reference is a program over the workspace: another task's may solve this one.

@@ -13,7 +13,10 @@ def print_report(console: Console, report: GateReport, changes: list[str]) -> No
     verdict = "[green]passed[/]" if report.passed else "[red]FAILED[/]"
     console.print(f"[bold]{report.env}[/] ({report.kind}, hash {report.hash}): {verdict}")
     gates = report.gate_status()
-    console.print("  " + "  ".join(f"{g} {'✓' if s == 'pass' else '✗'}" for g, s in gates.items()))
+    mark = {"pass": "✓", "fail": "✗", "skipped": "–"}
+    console.print("  " + "  ".join(f"{g} {mark[s]}" for g, s in gates.items()))
+    for why in report.skipped:
+        console.print(f"  [yellow]skipped[/] {why}")
     table = Table("level", "reference", "flaky", "null (empty/ws/echo)", "random answer", "calibration")
     for level, s in sorted(report.levels.items()):
         table.add_row(str(level), f"{s['reference']:.2f}", f"{s['flaky']:.2f}",
