@@ -2,6 +2,7 @@
 caught by the gate that exists for its flaw, with the failing task's seed."""
 
 import json
+import random
 
 import pytest
 from broken_envs import AcceptsAnything, LeaksTheAnswer, Nondeterministic, RunsTheWorkspaceTests
@@ -77,3 +78,20 @@ def test_the_store_locks_a_passed_version_and_diffs_against_the_previous_one(tmp
     (tmp_path / "arith@1").rename(moved)
     assert previous_version(tmp_path, "arith", "1")["env"] == "arith@1"
     assert diff(previous_version(tmp_path, "arith", "1"), report) == ["same results as arith@1"]
+
+
+def test_calibration_can_measure_a_real_policy(tmp_path):
+    from assay.cli import _policy_rates
+    from assay.core.config import ModelConfig
+    from assay.core.modeling import build_model, save_model
+    from assay.core.tokenizer import train_tokenizer
+
+    env = get_env("arith")
+    tok = train_tokenizer([env.generate(random.Random(i), 1).prompt[-1].content for i in range(50)], 300)
+    save_model(build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                                       max_position=256), tok), tok, tmp_path / "policy")
+    report = run_gate(env, QAConfig(tasks_per_level=2, cheat_tasks_per_level=0, noisy_samples=1),
+                      _policy_rates(tmp_path / "policy", env))
+    # an untrained policy solves nothing, whereas the noisy reference solves most easy tasks
+    assert [s["calibration pass rate"] for s in report.levels.values()] == [0.0] * 4
+    assert report.levels[1]["noisy"] > 0
