@@ -249,3 +249,18 @@ def test_a_failed_generate_frees_every_block(tok, policy, monkeypatch):
     monkeypatch.setattr(engine.runner, "run", real)
     prompts = random_prompts(len(tok), 3)
     assert engine_tokens(engine, prompts) == hf_greedy(policy, tok, prompts)  # and it still works
+
+
+def test_max_seqs_bounds_a_forked_group_too(tok, policy):
+    prompt = random_prompts(len(tok), 1, seed=13)[0]
+    engine = Engine(policy, tok, EngineConfig(max_seqs=3))
+    widths, run = [], engine.runner.run
+
+    def counting(plan, *args):
+        widths.append(len(plan))
+        return run(plan, *args)
+
+    engine.runner.run = counting
+    group = engine.generate([GenRequest(prompt, GREEDY, n=7)])[0]
+    assert [r.token_ids for r in group] == [hf_greedy(policy, tok, [prompt])[0]] * 7
+    assert max(widths) == 3

@@ -181,8 +181,9 @@ class Engine:
             samplers.append(seq)
             for f in seq.followers:  # prefilled once; each follower forks and samples its own first token
                 if f.status is Status.WAITING and not f.block_table:
-                    copy = self.blocks.fork(seq, f)
-                    if copy is None:  # no block to copy into: prefill it normally (its prefix is cached)
+                    full = len(sched.running) >= self.config.max_seqs
+                    copy = None if full else self.blocks.fork(seq, f)
+                    if copy is None:  # no room or no block: it waits and prefills from the cached prefix
                         f.leader = None
                         sched.add(f, front=True)
                         continue
