@@ -75,18 +75,23 @@ def _ids(g: torch.Generator, vocab: int, n: int) -> list[int]:
     return torch.randint(2, vocab, (n,), generator=g).tolist()  # 0 pad and 1 stop never appear in prompts
 
 
-def _hf_generate(model: Qwen2ForCausalLM, prompts: list[list[int]], n: int, max_tokens: int) -> int:
+def _sampling(max_tokens: int, n: int = 1) -> GenerationConfig:
+    """Plain temperature-1 sampling for the transformers baselines: 0 pads, 1 stops."""
+    return GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_tokens,
+                            num_return_sequences=n, eos_token_id=1, pad_token_id=0, bos_token_id=None)
+
+
+def _hf_sample(model: Qwen2ForCausalLM, prompts: list[list[int]], max_tokens: int, n: int = 1) -> list[list[int]]:
+    """`generate` on the left-padded batch: each row's sampled tokens, up to and including its stop."""
     width = max(len(p) for p in prompts)
     ids = torch.zeros((len(prompts), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
-    cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_tokens,
-                           num_return_sequences=n, eos_token_id=1, pad_token_id=0, bos_token_id=None)
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
-    return sum(_useful(row) for row in out[:, width:].tolist())
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=_sampling(max_tokens, n))
+    return [row[: _useful(row)] for row in out[:, width:].tolist()]
 
 
 def _useful(row: list[int]) -> int:
@@ -104,11 +109,11 @@ def run_rollout_bench(shape: Shape | None = None, dtype: str = "float32", hf_pag
     prompts = [_ids(g, shape.vocab, int(torch.randint(lo, hi + 1, (1,), generator=g))) for _ in range(shape.prompts)]
     engine = Engine(model, None, EngineConfig(kv_cache_bytes=4 * 2**30))
     rows: list[Row] = []
-    _hf_generate(model, [prompts[0][:8]], 2, 2)  # warm-up: first calls pay one-off costs
+    _hf_sample(model, [prompts[0][:8]], 2, n=2)  # warm-up: first calls pay one-off costs
     engine.generate([GenRequest(prompts[0][:8], params, n=2)])
 
     t0 = time.perf_counter()
-    tokens = _hf_generate(model, prompts, shape.group, shape.max_tokens)
+    tokens = sum(len(r) for r in _hf_sample(model, prompts, shape.max_tokens, n=shape.group))
     rows.append(Row("a: GRPO", "HF generate", tokens, time.perf_counter() - t0))
     _progress(rows[-1])
 
@@ -128,7 +133,7 @@ def run_rollout_bench(shape: Shape | None = None, dtype: str = "float32", hf_pag
             turn_params = SamplingParams(temperature=1.0, max_tokens=shape.turn_tokens, stop_token_ids=[1],
                                          seed=seed + turn)
             if backend == "HF generate":
-                samples = _hf_turn(model, histories, shape.turn_tokens)
+                samples = _hf_sample(model, histories, shape.turn_tokens)
             else:
                 samples = [r[0].token_ids for r in engine.generate([GenRequest(h, turn_params) for h in histories])]
                 cached += engine.last_stats["cached_prompt_tokens"]
@@ -155,25 +160,10 @@ def _progress(row: Row) -> None:
           f"({row.tokens_per_s:.0f} tokens/s) {row.note}", file=sys.stderr, flush=True)
 
 
-def _hf_turn(model: Qwen2ForCausalLM, histories: list[list[int]], max_tokens: int) -> list[list[int]]:
-    width = max(len(h) for h in histories)
-    ids = torch.zeros((len(histories), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, h in enumerate(histories):
-        ids[i, width - len(h):] = torch.tensor(h)
-        mask[i, width - len(h):] = 1
-    cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_tokens,
-                           eos_token_id=1, pad_token_id=0, bos_token_id=None)
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
-    return [row[: _useful(row)] for row in out[:, width:].tolist()]
-
-
 def _hf_paged(model: Qwen2ForCausalLM, prompts: list[list[int]], shape: Shape) -> Row:
     if not hasattr(model, "generate_batch"):
         return Row("a: GRPO", "HF generate_batch (paged)", 0, 0.0, note="not in this transformers version")
-    cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=shape.max_tokens,
-                           eos_token_id=1, pad_token_id=0, bos_token_id=None)
+    cfg = _sampling(shape.max_tokens)
     inputs = [p for p in prompts[: shape.paged_prompts] for _ in range(shape.group)]
     t0 = time.perf_counter()
     try:

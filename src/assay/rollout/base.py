@@ -65,15 +65,13 @@ def check_request(r: GenRequest) -> None:
         raise AssayError("generate: an empty stop string; remove it from stop")
 
 
-def stop_string_end(tokenizer: Any, completion: list[int], stops: list[str], window: int | None = None) -> int | None:
+def stop_string_end(tokenizer: Any, completion: list[int], stops: list[str]) -> int | None:
     """The number of completion tokens up to and including the one that completes the first stop
-    string, or None. With `window`, only the last `window` tokens are searched (an incremental check
-    after each new token)."""
+    string, or None."""
     if not stops:
         return None
-    start = 0 if window is None else max(0, len(completion) - window)
-    for end in range(start + 1, len(completion) + 1):
-        text = tokenizer.decode(completion[start:end], skip_special_tokens=False)
+    for end in range(1, len(completion) + 1):
+        text = tokenizer.decode(completion[:end], skip_special_tokens=False)
         if any(s in text for s in stops):
             return end
     return None
