@@ -3,7 +3,8 @@
 Sequences attend in groups, each one padded batch: the decoding sequences (one query each) and the
 prefilling ones (a chunk of queries each). Keys and values are gathered block by block through each
 sequence's block table. Grouped-query heads are folded into the query axis for decoding, so K/V are
-never repeated per query head.
+never repeated per query head. Decoding in float32 on the CPU reads the blocks in place through the C
+kernel of `cpu_kernel` instead of gathering them (decode is memory-bound there).
 
 Decoding sequences that share leading blocks (the samples of one GRPO group share their prompt)
 attend in two parts, merged exactly by their log-sum-exp: the shared prefix once for the whole
@@ -19,22 +20,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from assay.rollout.engine import cpu_kernel
+
 
 @dataclass
 class SharedPrefix:
     tables: Tensor  # [C, P] the common leading blocks of each cluster (padding: block 0, masked out)
     members: Tensor  # [C, G] the group row of each member (padding repeats a member)
     real: Tensor  # [C * G] which member slots are real
-    key_mask: Tensor  # [C, 1, 1, P * block_size] keys inside the cluster's prefix
+    lengths: Tensor  # [C] keys in the cluster's prefix
 
 
 @dataclass
 class AttentionGroup:
     rows: Tensor  # [B, Tq] packed token index of each query row (padding repeats a valid index)
     block_tables: Tensor  # [B, M] cache blocks each row attends (after its shared prefix, if any)
-    mask: Tensor  # [B, 1, Tq, M * block_size] True where a query may attend
+    mask: Tensor | None  # prefilling: [B, 1, Tq, M * block_size] True where a query may attend
     valid: Tensor | None  # [B * Tq] which query rows are real; None when all are
-    shared: SharedPrefix | None = None  # decoding groups only
+    lengths: Tensor | None = None  # decoding: [B] keys each row attends in its block_tables
+    shared: SharedPrefix | None = None  # decoding only
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, groups: list[AttentionGroup]) -> Tensor:
@@ -68,14 +72,14 @@ def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, g: AttentionGroup) -> T
     B, H, D = q.shape
     kv_heads = k_cache.shape[2]
     qf = q.view(B, kv_heads, H // kv_heads, D)
-    k, v = _gather(k_cache, g.block_tables), _gather(v_cache, g.block_tables)
+    attend = cpu_kernel.paged_attention if cpu_kernel.usable(q, k_cache) else _attend_gathered
+    own, own_lse = attend(qf, k_cache, v_cache, g.block_tables, g.lengths)
     if g.shared is None:
-        return F.scaled_dot_product_attention(qf, k, v, attn_mask=g.mask).reshape(B, H, D)
-    own, own_lse = _attend(qf, k, v, g.mask)
+        return own.reshape(B, H, D)
     s = g.shared
     C, G = s.members.shape
     qc = qf[s.members].permute(0, 2, 1, 3, 4).reshape(C, kv_heads, G * (H // kv_heads), D)
-    pre, pre_lse = _attend(qc, _gather(k_cache, s.tables), _gather(v_cache, s.tables), s.key_mask)
+    pre, pre_lse = attend(qc, k_cache, v_cache, s.tables, s.lengths)
     pre = pre.view(C, kv_heads, G, H // kv_heads, D).transpose(1, 2).reshape(C * G, kv_heads, H // kv_heads, D)
     pre_lse = pre_lse.view(C, kv_heads, G, H // kv_heads, 1).transpose(1, 2).reshape(C * G, kv_heads, -1, 1)
     at = s.members.reshape(-1)[s.real]
@@ -85,6 +89,13 @@ def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, g: AttentionGroup) -> T
     total = torch.logaddexp(own_lse, shared_lse)
     merged = torch.exp(own_lse - total) * own + torch.exp(shared_lse - total) * shared
     return merged.reshape(B, H, D)
+
+
+def _attend_gathered(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor,
+                     lengths: Tensor) -> tuple[Tensor, Tensor]:
+    keys = torch.arange(tables.shape[1] * k_cache.shape[1], device=q.device)
+    mask = (keys[None, :] < lengths[:, None])[:, None, None, :]
+    return _attend(q, _gather(k_cache, tables), _gather(v_cache, tables), mask)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

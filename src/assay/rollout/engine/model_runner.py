@@ -88,7 +88,6 @@ class ModelRunner:
         width = max(-(-c // bs) - s for c, s in zip(ctx, skip, strict=True))
         tables = _pad([seq.block_table[s : -(-c // bs)] for seq, c, s in zip(seqs, ctx, skip, strict=True)], width)
         own = torch.tensor([c - s * bs for c, s in zip(ctx, skip, strict=True)])
-        mask = (torch.arange(width * bs)[None, :] < own[:, None])[:, None, None, :]
         rows = torch.tensor([[start] for _, start in members])
         shared = None
         if clusters:
@@ -98,10 +97,9 @@ class ModelRunner:
                 tables=_pad([seqs[r[0]].block_table[:s] for r, s in clusters], longest),
                 members=torch.tensor([r + [r[0]] * (most - len(r)) for r, _ in clusters]),
                 real=torch.tensor([i < len(r) for r, _ in clusters for i in range(most)]),
-                key_mask=(torch.arange(longest * bs)[None, :] < torch.tensor([s * bs for _, s in clusters])[:, None])
-                [:, None, None, :],
+                lengths=torch.tensor([s * bs for _, s in clusters]),
             )
-        return self._to_device(AttentionGroup(rows, tables, mask, None, shared))
+        return self._to_device(AttentionGroup(rows, tables, None, None, own, shared))
 
     def _to_device(self, g: AttentionGroup) -> AttentionGroup:
         d = self.model.device
@@ -109,9 +107,9 @@ class ModelRunner:
             return g
         s = g.shared
         if s is not None:
-            s = SharedPrefix(s.tables.to(d), s.members.to(d), s.real.to(d), s.key_mask.to(d))
-        return AttentionGroup(g.rows.to(d), g.block_tables.to(d), g.mask.to(d),
-                              None if g.valid is None else g.valid.to(d), s)
+            s = SharedPrefix(s.tables.to(d), s.members.to(d), s.real.to(d), s.lengths.to(d))
+        return AttentionGroup(*(None if t is None else t.to(d) for t in (g.rows, g.block_tables, g.mask, g.valid,
+                                                                          g.lengths)), s)
 
 
 def _clusters(seqs: list[Sequence], block_size: int) -> list[tuple[list[int], int]]:
