@@ -74,6 +74,24 @@ def test_many_forks_from_one_snapshot_are_independent(isolated: None) -> None:
             f.close()
 
 
+def test_forks_from_one_snapshot_draw_independent_randomness(isolated: None) -> None:
+    """Only files are snapshotted, never a process: every run starts fresh, so forks (and restores) share no
+    random state and nothing needs reseeding."""
+    with NamespaceSandbox(Limits()) as base:
+        snap = base.snapshot()
+    draw = ["python3", "-c", "import os, random; print(os.urandom(8).hex(), random.random())"]
+    forks = [NamespaceSandbox(Limits(), template=snap) for _ in range(3)]
+    try:
+        draws = [f.exec(draw).stdout for f in forks]
+        forks[0].restore(snap)
+        draws.append(forks[0].exec(draw).stdout)
+    finally:
+        for f in forks:
+            f.close()
+    assert all(d.strip() for d in draws)
+    assert len(set(draws)) == len(draws)
+
+
 def test_restore_frees_the_discarded_layer(isolated: None) -> None:
     with NamespaceSandbox(Limits(workspace_mb=8)) as s:
         snap = s.snapshot()
