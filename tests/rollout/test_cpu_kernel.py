@@ -46,3 +46,13 @@ def test_a_row_without_keys_has_zero_weight_in_a_merge():
     out, lse = cpu_kernel.paged_attention(q, k, v, tables, torch.tensor([0, 5]))
     assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
     assert torch.isfinite(lse[1]).all()
+
+
+def test_a_bad_block_table_is_an_error_not_a_stray_read():
+    q, k, v, tables, lengths = cache_and_rows()
+    bad = tables.clone()
+    bad[2, 0] = k.shape[0]  # one past the last block
+    with pytest.raises(ValueError, match="outside the cache"):
+        cpu_kernel.paged_attention(q, k, v, bad, lengths)
+    with pytest.raises(ValueError, match="exceeds"):
+        cpu_kernel.paged_attention(q, k, v, tables, lengths + tables.shape[1] * k.shape[1])

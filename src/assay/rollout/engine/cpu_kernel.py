@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
-_ARGS = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]
+_ARGS = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int]
 
 
 def usable(q: Tensor, k_cache: Tensor) -> bool:
@@ -40,6 +40,8 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor,
     """q [R, Hkv, nq, D]; caches [blocks, block_size, Hkv, D]; tables [R, M]; lengths [R] ->
     (out [R, Hkv, nq, D], log-sum-exp [R, Hkv, nq, 1]), each row over its first `lengths` keys."""
     R, Hkv, nq, D = q.shape
+    if tables.dtype != torch.int64 or lengths.dtype != torch.int64 or lengths.shape != (R,):
+        raise ValueError("paged_attention: tables and lengths must be int64, one row per query row")
     q, tables, lengths = q.contiguous(), tables.contiguous(), lengths.contiguous()
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("paged_attention: the caches must be contiguous")
@@ -47,8 +49,11 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor,
     lse = torch.empty((R, Hkv, nq, 1), dtype=q.dtype)
     rc = _library().paged_attention_f32(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lengths.data_ptr(),
-        out.data_ptr(), lse.data_ptr(), R, Hkv, nq, D, k_cache.shape[1], tables.shape[1], D ** -0.5,
-        torch.get_num_threads())
+        out.data_ptr(), lse.data_ptr(), R, Hkv, nq, D, k_cache.shape[1], tables.shape[1], k_cache.shape[0],
+        D ** -0.5, torch.get_num_threads())
+    if rc == -2:
+        raise ValueError("paged_attention: a block table names a block outside the cache, or a length exceeds "
+                         "its table")
     if rc != 0:
         raise MemoryError("paged_attention: out of memory for the attention scores")
     return out, lse

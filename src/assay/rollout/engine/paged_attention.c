@@ -109,10 +109,17 @@ static void row_any(const float *q, const float *k, const float *v, const int64_
     }
 }
 
+/* 0 on success; -1 out of memory; -2 a row names a block outside the cache or more keys than its table holds
+ * (checked before anything is read: a bad table is an error, never a stray read). */
 int paged_attention_f32(const float *q, const float *k, const float *v, const int64_t *tables,
                         const int64_t *lens, float *out, float *lse, int64_t R, int64_t Hkv, int64_t nq,
-                        int64_t D, int64_t bs, int64_t M, float scale, int threads)
+                        int64_t D, int64_t bs, int64_t M, int64_t blocks, float scale, int threads)
 {
+    for (int64_t r = 0; r < R; r++) {
+        if (lens[r] > M * bs) return -2;
+        for (int64_t j = 0; j < (lens[r] + bs - 1) / bs; j++)
+            if (tables[r * M + j] < 0 || tables[r * M + j] >= blocks) return -2;
+    }
     int failed = 0;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(threads)
     for (int64_t r = 0; r < R; r++) {
