@@ -92,6 +92,9 @@ def _build() -> Path:
         if proc.returncode != 0:
             raise OSError(f"{cc} failed: {proc.stderr.strip()[:300]}")
         os.replace(built, target)
+    for stale in cache.glob("paged_attention-*.so"):  # builds of older sources or flags (loaded copies stay valid)
+        if stale != target:
+            stale.unlink(missing_ok=True)
     return target
 
 
