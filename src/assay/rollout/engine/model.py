@@ -21,7 +21,7 @@ from assay.core.errors import AssayError
 from assay.rollout.engine.attention import AttentionGroup, paged_attention
 
 SUPPORTED = ("qwen2", "llama")
-_FEW_ROWS = 64
+_FEW_ROWS = 64  # up to this many rows, a CPU GEMM runs as weight @ x.T (see _linear)
 
 
 @dataclass
@@ -112,8 +112,8 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     16 sequences: 25 ms of GEMMs instead of 36, measured)."""
     if x.shape[0] > _FEW_ROWS or x.device.type != "cpu":
         return F.linear(x, weight, bias)
-    y = torch.mm(weight, x.t()).t()
-    return y + bias if bias is not None else y.contiguous()
+    y = torch.mm(weight, x.t()).t().contiguous()
+    return y if bias is None else y.add_(bias)
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -28,11 +28,11 @@ def sample(logits: Tensor, params: list[SamplingParams], streams: list[int | Non
     tokens = logp.argmax(dim=-1)
     stochastic = [i for i, p in enumerate(params) if p.temperature > 0]
     if stochastic:
-        probs = _truncate(logp[stochastic].exp(), [params[i] for i in stochastic])
+        probs = truncate(logp[stochastic].exp(), [params[i] for i in stochastic])
         u = torch.rand(len(stochastic), dtype=torch.float64)
         for j, i in enumerate(stochastic):
             if streams[i] is not None:
-                u[j] = _uniform(streams[i], positions[i])
+                u[j] = uniform(streams[i], positions[i])
         cdf = probs.double().cumsum(-1)
         picked = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True).squeeze(-1)
         tokens[stochastic] = picked.clamp_(max=probs.shape[-1] - 1)
@@ -43,7 +43,7 @@ def sample(logits: Tensor, params: list[SamplingParams], streams: list[int | Non
 _MASK = 2**64 - 1
 
 
-def _uniform(key: int, counter: int) -> float:
+def uniform(key: int, counter: int) -> float:
     """A uniform in [0, 1) from (key, counter) by SplitMix64: cheap, stateless, well mixed."""
     z = (key + (counter + 1) * 0x9E3779B97F4A7C15) & _MASK
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
@@ -51,7 +51,7 @@ def _uniform(key: int, counter: int) -> float:
     return ((z ^ (z >> 31)) >> 11) * 2.0**-53
 
 
-def _truncate(probs: Tensor, params: list[SamplingParams]) -> Tensor:
+def truncate(probs: Tensor, params: list[SamplingParams]) -> Tensor:
     """Zero the tokens that top-k, top-p and min-p exclude (rows without them stay as they are)."""
     top_k = [p.top_k for p in params]
     top_p = [p.top_p for p in params]

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from assay.rollout.base import SamplingParams
-from assay.rollout.engine.sampler import _truncate, _uniform
+from assay.rollout.engine.sampler import truncate, uniform
 
 _ACCEPT_SALT = 0x5DEECE66D  # acceptance tests draw from a stream apart from the token draws
 
@@ -49,15 +49,15 @@ def verify(logits: Tensor, draft: list[int], params: SamplingParams, stream: int
             if tok != d:
                 break
             continue
-        p = _truncate(logp[j:j + 1].exp(), [params])[0].double()
+        p = truncate(logp[j:j + 1].exp(), [params])[0].double()
         p = p / p.sum()
         if d is not None:
-            u = _uniform(stream ^ _ACCEPT_SALT, position + j) if stream is not None else float(torch.rand(()))
+            u = uniform(stream ^ _ACCEPT_SALT, position + j) if stream is not None else float(torch.rand(()))
             if u < float(p[d]):
                 out.append(d)
                 continue
             p[d] = 0.0  # rejected: draw from what is left
-        u = _uniform(stream, position + j) if stream is not None else float(torch.rand(()))
+        u = uniform(stream, position + j) if stream is not None else float(torch.rand(()))
         cdf = p.cumsum(0)
         out.append(int(torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=len(p) - 1)))
         break
