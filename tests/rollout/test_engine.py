@@ -45,7 +45,19 @@ def block_bytes(model, block_size=16):
     return PagedModel.bytes_per_block(model, block_size)
 
 
-def test_greedy_matches_hf_generate_with_and_without_prefix_hits(tok, policy):
+@pytest.fixture(params=["kernel", "pytorch"])
+def attention_path(request, monkeypatch):
+    """Decode attention through the C kernel (where it builds) and through the PyTorch gather path."""
+    from assay.rollout.engine import cpu_kernel
+
+    if request.param == "kernel" and cpu_kernel._library() is None:
+        pytest.skip("no C compiler: only the PyTorch path exists here")
+    if request.param == "pytorch":
+        monkeypatch.setattr(cpu_kernel, "usable", lambda q, k_cache: False)
+    return request.param
+
+
+def test_greedy_matches_hf_generate_with_and_without_prefix_hits(tok, policy, attention_path):
     prompts = random_prompts(len(tok), 16)
     shared = [prompts[0][:40] + p for p in random_prompts(len(tok), 6, seed=2)]  # a common 40-token prefix
     want = hf_greedy(policy, tok, prompts + shared)
@@ -56,7 +68,7 @@ def test_greedy_matches_hf_generate_with_and_without_prefix_hits(tok, policy):
     assert engine.last_stats["prefix_hit_rate"] > 0.5
 
 
-def test_greedy_groups_fork_and_share_their_prefix_exactly(tok, policy):
+def test_greedy_groups_fork_and_share_their_prefix_exactly(tok, policy, attention_path):
     prompts = random_prompts(len(tok), 5, max_len=120, seed=3)
     engine = Engine(policy, tok)
     groups = engine.generate([GenRequest(p, GREEDY, n=4) for p in prompts])  # forks + shared-prefix attention

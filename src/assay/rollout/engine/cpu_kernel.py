@@ -65,8 +65,9 @@ def _library() -> ctypes.CDLL | None:
         return None
     try:
         lib = ctypes.CDLL(str(_build()))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("the C attention kernel is unavailable (%s); the engine uses the PyTorch path", e)
+    except Exception as e:  # noqa: BLE001 - no build problem may stop the engine: it has the PyTorch path
+        log.warning("the C attention kernel is unavailable (%s: %s); the engine uses the PyTorch path",
+                    type(e).__name__, e)
         return None
     lib.paged_attention_f32.argtypes = _ARGS
     lib.paged_attention_f32.restype = ctypes.c_int
