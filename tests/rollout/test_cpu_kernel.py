@@ -56,3 +56,11 @@ def test_a_bad_block_table_is_an_error_not_a_stray_read():
         cpu_kernel.paged_attention(q, k, v, bad, lengths)
     with pytest.raises(ValueError, match="exceeds"):
         cpu_kernel.paged_attention(q, k, v, tables, lengths + tables.shape[1] * k.shape[1])
+
+
+def test_mismatched_shapes_and_dtypes_are_clear_errors():
+    q, k, v, tables, lengths = cache_and_rows()
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu_kernel.paged_attention(q[..., :8], k, v, tables, lengths)
+    with pytest.raises(ValueError, match="float32"):
+        cpu_kernel.paged_attention(q.double(), k.double(), v.double(), tables, lengths)

@@ -42,9 +42,14 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor,
     R, Hkv, nq, D = q.shape
     if tables.dtype != torch.int64 or lengths.dtype != torch.int64 or lengths.shape != (R,):
         raise ValueError("paged_attention: tables and lengths must be int64, one row per query row")
-    q, tables, lengths = q.contiguous(), tables.contiguous(), lengths.contiguous()
+    if k_cache.shape != v_cache.shape or k_cache.shape[2:] != (Hkv, D):
+        raise ValueError(f"paged_attention: caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)} do not fit "
+                         f"queries {tuple(q.shape)}")
+    if not all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (q, k_cache, v_cache)):
+        raise ValueError("paged_attention: the kernel takes float32 CPU tensors")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("paged_attention: the caches must be contiguous")
+    q, tables, lengths = q.contiguous(), tables.contiguous(), lengths.contiguous()
     out = torch.empty_like(q)
     lse = torch.empty((R, Hkv, nq, 1), dtype=q.dtype)
     rc = _library().paged_attention_f32(
