@@ -72,7 +72,14 @@ def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, g: AttentionGroup) -> T
     B, H, D = q.shape
     kv_heads = k_cache.shape[2]
     qf = q.view(B, kv_heads, H // kv_heads, D)
-    attend = cpu_kernel.paged_attention if cpu_kernel.usable(q, k_cache) else _attend_gathered
+    if cpu_kernel.usable(q, k_cache):
+        attend = cpu_kernel.paged_attention
+    elif g.shared is None:  # nothing to merge, so no log-sum-exp needed: SDPA's fused kernel
+        mask = _length_mask(g.block_tables, k_cache.shape[1], g.lengths)
+        return F.scaled_dot_product_attention(qf, _gather(k_cache, g.block_tables), _gather(v_cache, g.block_tables),
+                                              attn_mask=mask).reshape(B, H, D)
+    else:
+        attend = _attend_gathered
     own, own_lse = attend(qf, k_cache, v_cache, g.block_tables, g.lengths)
     if g.shared is None:
         return own.reshape(B, H, D)
@@ -93,9 +100,14 @@ def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, g: AttentionGroup) -> T
 
 def _attend_gathered(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor,
                      lengths: Tensor) -> tuple[Tensor, Tensor]:
-    keys = torch.arange(tables.shape[1] * k_cache.shape[1], device=q.device)
-    mask = (keys[None, :] < lengths[:, None])[:, None, None, :]
+    mask = _length_mask(tables, k_cache.shape[1], lengths)
     return _attend(q, _gather(k_cache, tables), _gather(v_cache, tables), mask)
+
+
+def _length_mask(tables: Tensor, block_size: int, lengths: Tensor) -> Tensor:
+    """[B, 1, 1, M * block_size]: True for the first lengths[b] keys of each row's gathered blocks."""
+    keys = torch.arange(tables.shape[1] * block_size, device=tables.device)
+    return (keys[None, :] < lengths[:, None])[:, None, None, :]
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

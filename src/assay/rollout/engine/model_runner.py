@@ -99,7 +99,7 @@ class ModelRunner:
                 real=torch.tensor([i < len(r) for r, _ in clusters for i in range(most)]),
                 lengths=torch.tensor([s * bs for _, s in clusters]),
             )
-        return self._to_device(AttentionGroup(rows, tables, None, None, own, shared))
+        return self._to_device(AttentionGroup(rows, tables, mask=None, valid=None, lengths=own, shared=shared))
 
     def _to_device(self, g: AttentionGroup) -> AttentionGroup:
         d = self.model.device
