@@ -17,6 +17,7 @@ from assay.core.config import DomainConfig, MixerConfig
 from assay.core.errors import AssayError, CheckpointError
 from assay.core.types import OK, Task, Trajectory
 from assay.envs.base import Environment
+from assay.envs.split import draw_task
 from assay.mixer.curriculum import Curriculum
 from assay.mixer.stats import DomainStats, progress, seesaw_warnings, summarize
 
@@ -112,7 +113,7 @@ class DomainMixer:
             level = self.rng.randint(cur.min_level, level - 1)
         seed = self.rng.getrandbits(63)  # fits a signed int64 column in the trajectory store
         env = self.envs[name]
-        task = env.generate(random.Random(seed), level)
+        task = draw_task(env, random.Random(seed), level, "train")
         if task.difficulty != level:
             raise AssayError(
                 f"environment {env.name!r} returned a task of difficulty {task.difficulty} when asked for {level}; "

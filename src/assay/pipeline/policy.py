@@ -13,6 +13,7 @@ from assay.core.config import Config
 from assay.core.modeling import build_model, load_model
 from assay.core.tokenizer import render_messages, train_tokenizer
 from assay.envs.base import Environment
+from assay.envs.split import draw_task
 
 
 def domain_envs(cfg: Config) -> dict[str, Environment]:
@@ -27,7 +28,7 @@ def reference_corpus(envs: dict[str, Environment], per_domain: int, seed: int) -
         rng = random.Random(f"corpus:{seed}:{name}")
         for i in range(per_domain):
             difficulty = env.difficulties[i % len(env.difficulties)]
-            task = env.generate(rng, difficulty)
+            task = draw_task(env, rng, difficulty, "train")
             yield render_messages(task.prompt + env.reference_solution(task), list(task.tools))
 
 

@@ -11,6 +11,7 @@ from assay.core.config import Config, dump_config
 from assay.core.modeling import apply_threads, save_model
 from assay.core.storage import MetricsLogger, atomic_write
 from assay.envs.base import Environment
+from assay.envs.split import draw_task
 from assay.pipeline.policy import build_policy, domain_envs
 from assay.pipeline.ui import RunView
 from assay.train.sft import sft_train
@@ -24,7 +25,7 @@ def build_examples(cfg: Config, envs: dict[str, Environment], tokenizer: Any) ->
         levels = dom.difficulty.levels(env.difficulties)
         rng = random.Random(f"sft:{cfg.seed}:{dom.name}")
         for i in range(cfg.sft.examples_per_domain):
-            task = env.generate(rng, levels[i % len(levels)])
+            task = draw_task(env, rng, levels[i % len(levels)], "train")
             examples.append(sft_example(tokenizer, task, env.reference_solution(task)))
     return examples
 

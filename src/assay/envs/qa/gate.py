@@ -33,6 +33,7 @@ from assay.envs.qa.strategies import (
     other_reference,
 )
 from assay.envs.registry import env_hash, env_parts, env_spec
+from assay.envs.split import draw_task
 from assay.sandbox import isolation_problem
 
 GATES = ("reference", "null", "cheaters", "determinism", "no leak", "calibration", "infrastructure")
@@ -106,7 +107,8 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
     cfg = cfg or QAConfig()
     spec = env_spec(env)
     report = GateReport(spec, env_hash(env), env_parts(env), kind_of(env), asdict(cfg))
-    tasks = {level: [env.generate(random.Random(f"qa/{spec}/{level}/{i}"), level) for i in range(cfg.tasks_per_level)]
+    tasks = {level: [draw_task(env, random.Random(f"qa/{spec}/{level}/{i}"), level, "train")
+                     for i in range(cfg.tasks_per_level)]
              for level in env.difficulties}
     cheaters = cheaters_for(env)
     if report.kind != "answer" and isolation_problem() is not None:
