@@ -92,6 +92,62 @@ def test_only_the_sandbox_loopback_exists_and_works(sbx: NamespaceSandbox, py) -
     assert r.stdout.split("\n")[:2] == ["['lo']", "ping"], r
 
 
+# (family, type, protocol) -> what socket() answers inside: the families a program's own networking needs open;
+# every other fails as if the kernel lacked it (AF_VSOCK would reach the VM's vsock port space).
+SOCKETS = {
+    (socket.AF_UNIX, socket.SOCK_STREAM, 0): "ok", (socket.AF_UNIX, socket.SOCK_DGRAM, 0): "ok",
+    (socket.AF_INET, socket.SOCK_STREAM, 0): "ok", (socket.AF_INET, socket.SOCK_DGRAM, 0): "ok",
+    (socket.AF_INET6, socket.SOCK_STREAM, 0): "ok", (socket.AF_INET6, socket.SOCK_DGRAM, 0): "ok",
+    (socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE): "ok",
+    (socket.AF_NETLINK, socket.SOCK_RAW, 4): "EPROTONOSUPPORT",  # NETLINK_SOCK_DIAG
+    (socket.AF_NETLINK, socket.SOCK_RAW, 9): "EPROTONOSUPPORT",  # NETLINK_AUDIT
+    (socket.AF_NETLINK, socket.SOCK_DGRAM, 15): "EPROTONOSUPPORT",  # NETLINK_KOBJECT_UEVENT: the host's devices
+    (socket.AF_NETLINK, socket.SOCK_RAW, 16): "EPROTONOSUPPORT",  # NETLINK_GENERIC
+    (40, socket.SOCK_STREAM, 0): "EAFNOSUPPORT", (40, socket.SOCK_DGRAM, 0): "EAFNOSUPPORT",  # AF_VSOCK
+    (17, socket.SOCK_RAW, 0x0300): "EAFNOSUPPORT", (17, socket.SOCK_DGRAM, 0x0300): "EAFNOSUPPORT",  # AF_PACKET
+    (38, socket.SOCK_SEQPACKET, 0): "EAFNOSUPPORT",  # AF_ALG: the kernel's crypto
+    (15, socket.SOCK_RAW, 2): "EAFNOSUPPORT",  # AF_KEY
+    (31, socket.SOCK_STREAM, 3): "EAFNOSUPPORT",  # AF_BLUETOOTH
+    (30, socket.SOCK_RDM, 0): "EAFNOSUPPORT", (29, socket.SOCK_RAW, 1): "EAFNOSUPPORT",  # AF_TIPC, AF_CAN
+    (21, socket.SOCK_SEQPACKET, 0): "EAFNOSUPPORT", (44, socket.SOCK_RAW, 0): "EAFNOSUPPORT",  # AF_RDS, AF_XDP
+    (5, socket.SOCK_DGRAM, 0): "EAFNOSUPPORT", (0, socket.SOCK_STREAM, 0): "EAFNOSUPPORT",  # AF_APPLETALK, AF_UNSPEC
+}
+PAIRS = {socket.AF_UNIX: "ok", 40: "EAFNOSUPPORT", 17: "EAFNOSUPPORT", 38: "EAFNOSUPPORT"}
+
+
+def test_only_unix_and_ip_socket_families_open(sbx: NamespaceSandbox, py) -> None:
+    """Opening and binding only, on the sandbox's own loopback: nothing is ever sent anywhere."""
+    r = py(sbx, f"""
+        import ctypes, errno, os, socket
+        libc = ctypes.CDLL(None, use_errno=True)
+        def outcome(ret):
+            return "ok" if ret >= 0 else errno.errorcode[ctypes.get_errno()]
+        for family, kind, protocol in {[tuple(map(int, key)) for key in SOCKETS]!r}:
+            fd = libc.socket(family, kind, protocol)
+            print(family, kind, protocol, outcome(fd))
+            if fd >= 0:
+                os.close(fd)
+        pair = (ctypes.c_int * 2)()
+        for family in {[int(f) for f in PAIRS]!r}:
+            print("pair", family, outcome(libc.socketpair(family, socket.SOCK_STREAM, 0, pair)))
+        for family, addr in ((socket.AF_INET, ("127.0.0.1", 0)), (socket.AF_INET6, ("::1", 0)),
+                             (socket.AF_UNIX, "/tmp/s.sock"), (socket.AF_UNIX, "\\0abstract"),
+                             (socket.AF_NETLINK, (0, 0))):
+            with socket.socket(family, socket.SOCK_RAW if family == socket.AF_NETLINK else socket.SOCK_DGRAM) as s:
+                s.bind(addr)
+                print("bound", family)
+        print("interfaces", [name for _, name in socket.if_nameindex()])  # glibc asks NETLINK_ROUTE
+        try:
+            socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+        except OSError as e:
+            print("python vsock", errno.errorcode[e.errno])
+    """)
+    expected = [f"{int(f)} {int(k)} {int(p)} {want}" for (f, k, p), want in SOCKETS.items()]
+    expected += [f"pair {int(f)} {want}" for f, want in PAIRS.items()]
+    expected += [f"bound {f}" for f in (2, 10, 1, 1, 16)] + ["interfaces ['lo']", "python vsock EAFNOSUPPORT"]
+    assert r.stdout.splitlines() == expected, r
+
+
 def test_host_files_are_out_of_sight(sbx: NamespaceSandbox, py) -> None:
     other = NamespaceSandbox(Limits())
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import socket
 import struct
 
 import pytest
@@ -16,9 +17,9 @@ ALLOW, KILL, ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 X86_64, AARCH64 = 0xC000003E, 0xC00000B7
 
 
-def run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
+def run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0, arg2: int = 0) -> int:
     """A tiny classic-BPF interpreter for the instructions our filter uses, over a struct seccomp_data."""
-    data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, arg2, 0, 0, 0)
     ins = [struct.unpack("HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
     acc, pc = 0, 0
     while True:
@@ -50,6 +51,23 @@ def test_seccomp_program(arch: str, audit: int) -> None:
     assert run_bpf(prog, read_nr, audit ^ 1) == KILL  # another ABI's numbers mean other calls
     if arch == "x86_64":
         assert run_bpf(prog, 0x40000000 + read_nr, audit) == ERRNO | errno.EPERM  # x32
+
+
+@pytest.mark.parametrize("arch,audit", [("x86_64", X86_64), ("aarch64", AARCH64)])
+def test_seccomp_socket_families(arch: str, audit: int) -> None:
+    prog = seccomp.build_filter(arch)
+    nr = seccomp.kernel._SYSCALLS[arch]
+    for call in ("socket", "socketpair"):
+        for family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6):
+            assert run_bpf(prog, nr[call], audit, arg0=family, arg2=6) == ALLOW, (call, family)
+        assert run_bpf(prog, nr[call], audit, arg0=socket.AF_NETLINK, arg2=socket.NETLINK_ROUTE) == ALLOW
+        for proto in (4, 9, 15, 16):  # SOCK_DIAG, AUDIT, KOBJECT_UEVENT, GENERIC
+            assert run_bpf(prog, nr[call], audit, arg0=socket.AF_NETLINK, arg2=proto) == \
+                ERRNO | errno.EPROTONOSUPPORT, (call, proto)
+        for family in (0, 3, 4, 5, 9, 15, 17, 29, 30, 31, 38, 40, 44, 45, 255, 0xFFFF):  # VSOCK 40, PACKET 17, ALG 38
+            assert run_bpf(prog, nr[call], audit, arg0=family) == ERRNO | errno.EAFNOSUPPORT, (call, family)
+        assert run_bpf(prog, nr[call], audit, arg0=(1 << 32) | 40) == ERRNO | errno.EAFNOSUPPORT  # the int is 40
+    assert run_bpf(prog, nr["socketpair"] + 1, audit, arg0=40) == ALLOW  # other calls' arguments are not families
 
 
 def test_protocol_round_trip() -> None:

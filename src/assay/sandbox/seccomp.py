@@ -1,12 +1,14 @@
 """A seccomp filter, as a classic BPF program built with struct: no libseccomp, no new dependency.
 
 It refuses (EPERM) the calls a sandboxed program never needs and that widen the kernel surface it can
-reach: mounts, ptrace, kernel modules, keyrings, bpf, reboot, namespaces, clock changes. Stdlib only."""
+reach: mounts, ptrace, kernel modules, keyrings, bpf, reboot, namespaces, clock changes; and it lets `socket` and
+`socketpair` open only the families a program's own networking needs. Stdlib only."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import socket
 import struct
 
 from assay.sandbox import kernel
@@ -20,10 +22,18 @@ DENIED = (
     "syslog", "quotactl", "quotactl_fd", "lookup_dcookie", "vhangup", "uselib",
 )
 
+# A network namespace isolates IP, not the other families: AF_VSOCK, for one, reaches the VM's own vsock port
+# space. Anything else fails as on a kernel built without it (EAFNOSUPPORT).
+FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
+# Of netlink, only NETLINK_ROUTE, which glibc's getifaddrs, if_nameindex and getaddrinfo(AI_ADDRCONFIG) use: it
+# sees the sandbox's own network namespace (loopback only) and cannot change it (that needs CAP_NET_ADMIN there).
+# The other protocols reach far more kernel code, and some of the host: NETLINK_KOBJECT_UEVENT hears its devices.
+NETLINK_PROTOCOLS = (socket.NETLINK_ROUTE,)
+
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _KILL_PROCESS, _ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
-_OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data; arg0's low word on little-endian
+_OFF_NR, _OFF_ARCH, _OFF_ARG0, _OFF_ARG2 = 0, 4, 16, 32  # struct seccomp_data; args' low words (little-endian)
 
 
 def _ins(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
@@ -42,9 +52,26 @@ def build_filter(arch: str = kernel.ARCH) -> bytes:
             prog += [_ins(_JEQ, nr[name], 0, 1), eperm]
     # clone3 passes its flags in memory BPF cannot read: ENOSYS makes libc fall back to clone, whose flags it can.
     prog += [_ins(_JEQ, nr["clone3"], 0, 1), _ins(_RET, _ERRNO | errno.ENOSYS)]
+    prog += _socket_rule(nr)
     prog += [_ins(_JEQ, nr["clone"], 0, 3), _ins(_LD_W_ABS, _OFF_ARG0), _ins(_JSET, kernel.CLONE_NEW_ANY, 0, 1),
              eperm, _ins(_RET, _ALLOW)]
     return b"".join(prog)
+
+
+def _socket_rule(nr: dict[str, int]) -> list[bytes]:
+    """socket(family, type, protocol) and socketpair (same arguments first): allowed families pass, netlink only
+    for its allowed protocols; any other call falls through with the syscall number still loaded. The kernel
+    reads family and protocol as ints, so their low words are all there is to check."""
+    allow = 3 + len(FAMILIES) + 4 + len(NETLINK_PROTOCOLS)  # the index of the closing ALLOW; the next rule follows
+    rule = [_ins(_JEQ, nr["socket"], 1, 0), _ins(_JEQ, nr["socketpair"], 0, allow - 1), _ins(_LD_W_ABS, _OFF_ARG0)]
+    for family in FAMILIES:
+        rule.append(_ins(_JEQ, family, allow - len(rule) - 1, 0))
+    rule += [_ins(_JEQ, socket.AF_NETLINK, 1, 0), _ins(_RET, _ERRNO | errno.EAFNOSUPPORT), _ins(_LD_W_ABS, _OFF_ARG2)]
+    for protocol in NETLINK_PROTOCOLS:
+        rule.append(_ins(_JEQ, protocol, allow - len(rule) - 1, 0))
+    rule += [_ins(_RET, _ERRNO | errno.EPROTONOSUPPORT), _ins(_RET, _ALLOW)]
+    assert len(rule) == allow + 1
+    return rule
 
 
 class _SockFprog(ctypes.Structure):
