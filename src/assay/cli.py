@@ -86,8 +86,10 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in
           tasks: Annotated[int, typer.Option(help="tasks per environment")] = 64,
           difficulty: Annotated[list[int] | None, typer.Option(help="levels to cover (default: all)")] = None,
           temperature: float = 1.0, seed: int = 1_000_003, max_new_tokens: int = 64, max_turns: int = 4,
-          backend: Annotated[str, typer.Option(help="rollout backend: engine or hf")] = "engine") -> None:
-    """pass@1 and pass@k with 95% confidence intervals on held-out tasks."""
+          backend: Annotated[str, typer.Option(help="rollout backend: engine or hf")] = "engine",
+          run: Annotated[Path | None, typer.Option(help="runs/NAME that trained the policy: check that no "
+                                                   "evaluation task is in its RL trajectories or SFT data")] = None) -> None:
+    """pass@1 and pass@k with 95% confidence intervals on the environments' evaluation partition."""
     from rich.table import Table
 
     from assay.core.config import DifficultyRange, DomainConfig, RolloutConfig
@@ -95,6 +97,7 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in
     from assay.core.modeling import apply_threads, load_model
     from assay.envs.registry import get_env
     from assay.eval.evaluate import evaluate
+    from assay.pipeline.overlap import check_overlap, training_task_ids
     from assay.rollout.factory import make_backend
 
     if backend not in ("engine", "hf"):
@@ -106,11 +109,15 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in
         levels = sorted(difficulty or e.difficulties)
         domains[spec] = DomainConfig(name=spec, env=spec, max_new_tokens=max_new_tokens, max_turns=max_turns,
                                      difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
+    trained = training_task_ids(run) if run is not None else None
     model, tokenizer = load_model(checkpoint)
     apply_threads(0, model)
     ks = sorted({1, *(k for k in (2, 4, 8, 16) if k <= n)})
     results = evaluate(make_backend(rollout, model, tokenizer), tokenizer, envs, domains, tasks, n, seed, temperature, ks)
-    table = Table(title=f"{checkpoint}: {tasks} tasks × {n} samples, 95% bootstrap CIs")
+    overlap = check_overlap(run, (t for r in results.values() for t in r.task_ids), trained) if run is not None else None
+    where = ("evaluation partition, held out from " + str(run) if overlap and overlap.held_out
+             else "NOT held out" if overlap else "evaluation partition; pass --run runs/NAME to check it is held out")
+    table = Table(title=f"{checkpoint}: {tasks} tasks × {n} samples, 95% bootstrap CIs ({where})")
     table.add_column("environment")
     for k in ks:
         table.add_column(f"pass@{k}", justify="right")
@@ -120,6 +127,8 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in
         levels = " ".join(f"{d}:{p:.2f}" for d, p in r.by_difficulty.items())
         table.add_row(name, *(str(r.pass_at[k]) if k in r.pass_at else "-" for k in ks), levels, str(r.infra_errors))
     console.print(table)
+    if overlap is not None:
+        console.print(overlap.describe())
 
 
 @app.command()
@@ -173,6 +182,7 @@ def env_show(spec: Annotated[str, typer.Argument(help="NAME or NAME@VERSION")],
     """Domain, tools, difficulty levels, hash and the last QA result of an environment."""
     from assay.envs.qa.store import latest
     from assay.envs.registry import env_hash, env_parts, env_spec, get_env
+    from assay.envs.split import SPACE_DRAWS, estimate_space, eval_share
 
     env = get_env(spec)
     console.print(f"[bold]{env_spec(env)}[/]  domain {env.domain}  levels {list(env.difficulties)}  hash {env_hash(env)}")
@@ -180,6 +190,14 @@ def env_show(spec: Annotated[str, typer.Argument(help="NAME or NAME@VERSION")],
         console.print(f"  tool {tool.name}: {tool.description}")
     for part, h in env_parts(env).items():
         console.print(f"  {part}: {h}")
+    console.print(f"  task space per level (evaluation share {eval_share(env):g}; estimated from {SPACE_DRAWS} draws):")
+    for level in env.difficulties:
+        est = estimate_space(env, level, SPACE_DRAWS)
+        size = f"{est.distinct}" if est.distinct == est.size else f"~{est.size:,.0f}" if est.distinct < est.draws \
+            else f"> {est.draws} (no repeats)"
+        small = f"; too small to split usefully (~{est.eval_size:.0f} evaluation tasks)" if est.too_small else ""
+        console.print(f"    level {level}: {size} tasks, {est.eval_distinct} of the {est.distinct} drawn in the "
+                      f"evaluation partition{small}")
     rec = latest(Path(store), env_spec(env))
     if rec is None:
         console.print("  QA: never checked (run assay env check)")

@@ -190,9 +190,9 @@ def simulate(m: DomainMixer, steps: int) -> list:
 def test_exact_resume_through_json():
     ds = [domain("a"), domain("b", 2), domain("c")]
     cfg = dict(strategy="adaptive", floor=0.1, progress_window=2, curriculum_window=4, smoothing=0.5)
-    straight = mixer(ds, seed=11, **cfg)
+    straight = mixer(ds, seed=16, **cfg)  # a seed whose run moves two curricula
     full = simulate(straight, 6)
-    first = mixer(ds, seed=11, **cfg)
+    first = mixer(ds, seed=16, **cfg)
     head = simulate(first, 3)
     resumed = mixer(ds, seed=999, **cfg)  # a different seed: everything must come from the state
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))

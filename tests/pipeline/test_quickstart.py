@@ -15,7 +15,10 @@ def test_quickstart_flow_on_a_tiny_budget(tmp_path):
     assert [r["domain"] for r in rows] == ["arith", "codegen", "toolcalc"]
     run = tmp_path / "quickstart"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary == json.loads(json.dumps(rows))
+    assert summary["domains"] == json.loads(json.dumps(rows))
+    # the evaluation tasks were checked against the run's SFT data and RL trajectories, and none is there
+    assert summary["held_out"] is True and summary["overlap"].startswith("held out: 0 of")
+    assert "sft SFT data" in summary["overlap"] and "quickstart trajectories" in summary["overlap"]
     for r in rows:
         assert r["tasks"] == 4 and r["n"] == 2
         assert r["sft"]["low"] <= r["sft"]["value"] <= r["sft"]["high"]

@@ -26,6 +26,7 @@ MAX_DRAWS = 1000
 # A level whose evaluation partition holds fewer distinct tasks than this is too small to split
 # usefully: an evaluation of it measures a handful of items many times over.
 SMALL_PARTITION = 50
+SPACE_DRAWS = 2000  # draws per level behind a space estimate
 
 
 def eval_share(env: Environment) -> float:
@@ -43,11 +44,14 @@ def split_of(task_id: str, share: float) -> Split:
 
 
 def draw_task(env: Environment, rng: random.Random, difficulty: int, split: Split) -> Task:
-    """`env.generate(rng, difficulty)` until the task lies in `split` (the rng advances each draw)."""
+    """A task of `split`: `env.generate(Random(seed), difficulty)` for fresh seeds from `rng` until one
+    lies in it. The task's `seed` is the one that made it, so `Random(task.seed)` regenerates it."""
     share = eval_share(env)
     for _ in range(MAX_DRAWS):
-        task = env.generate(rng, difficulty)
+        seed = rng.getrandbits(63)  # fits a signed int64 column in the trajectory store
+        task = env.generate(random.Random(seed), difficulty)
         if split_of(task.task_id, share) == split:
+            task.seed = seed
             return task
     raise AssayError(f"environment {env.name}@{env.version}: no {split}-partition task at difficulty {difficulty} in "
                      f"{MAX_DRAWS} draws; the level's task space is too small to split (see `assay env show "
@@ -87,7 +91,7 @@ class SpaceEstimate:
         return self.eval_size < SMALL_PARTITION
 
 
-def estimate_space(env: Environment, difficulty: int, draws: int = 2000, seed: int = 0) -> SpaceEstimate:
+def estimate_space(env: Environment, difficulty: int, draws: int = SPACE_DRAWS, seed: int = 0) -> SpaceEstimate:
     """How many distinct tasks a level has, from `draws` seeded draws: Chao1 (distinct + f1²/2f2, with
     f1, f2 the tasks seen once and twice) is a lower-bound estimate that is exact once the space is
     exhausted and grows with the singletons while it is not."""

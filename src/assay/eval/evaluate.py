@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -11,18 +12,28 @@ from assay.agent.groups import collect
 from assay.core.config import DomainConfig
 from assay.core.types import OK, Task, Trajectory
 from assay.envs.base import Environment
+from assay.envs.split import draw_distinct
 from assay.eval.passk import Estimate, pass_at_k_ci
 from assay.rollout.base import RolloutBackend
 
+log = logging.getLogger(__name__)
+
 
 def eval_tasks(env: Environment, domain: str, count: int, seed: int, difficulties: Sequence[int]) -> list[Task]:
-    """Task i is a pure function of (seed, domain, i): the same suite every time, whatever ran before.
-    Difficulties cycle so every level is represented equally."""
-    tasks = []
-    for i in range(count):
-        task = env.generate(random.Random(f"eval:{seed}:{domain}:{i}"), difficulties[i % len(difficulties)])
+    """Distinct tasks of the evaluation partition, a pure function of (seed, domain, count, levels): the
+    same suite every time, whatever ran before. Levels share the count equally (interleaved); a level
+    whose partition holds fewer tasks gives what it has, and a warning names it."""
+    per_level = [count // len(difficulties) + (i < count % len(difficulties)) for i in range(len(difficulties))]
+    drawn = []
+    for level, want in zip(difficulties, per_level, strict=True):
+        got = draw_distinct(env, random.Random(f"eval:{seed}:{domain}:{level}"), level, "eval", want)
+        if len(got) < want:
+            log.warning("%s level %d: only %d distinct evaluation tasks (asked for %d); the level's task space is "
+                        "small (assay env show %s)", domain, level, len(got), want, env.name)
+        drawn.append(got)
+    tasks = [level[i] for i in range(max(per_level, default=0)) for level in drawn if i < len(level)]
+    for task in tasks:
         task.domain = domain
-        tasks.append(task)
     return tasks
 
 
@@ -30,6 +41,7 @@ def eval_tasks(env: Environment, domain: str, count: int, seed: int, difficultie
 class DomainEval:
     domain: str
     passes: list[list[bool]]  # per task, per sample; infrastructure failures left out
+    task_ids: list[str] = field(default_factory=list)  # the task of each row of `passes`
     pass_at: dict[int, Estimate] = field(default_factory=dict)
     infra_errors: int = 0
     mean_reward: float = 0.0
@@ -40,13 +52,14 @@ class DomainEval:
         return max((len(p) for p in self.passes), default=0)
 
 
-def summarize(domain: str, tasks: Sequence[Task], trajs: Sequence[Trajectory], ks: Sequence[int]) -> DomainEval:
+def summarize(domain: str, trajs: Sequence[Trajectory], ks: Sequence[int]) -> DomainEval:
     by_group: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_group.setdefault(t.group_id, []).append(t)
-    passes = [[t.passed for t in g if t.status == OK] for g in by_group.values()]
-    passes = [p for p in passes if p]
-    result = DomainEval(domain, passes, infra_errors=sum(t.status != OK for t in trajs))
+    rows = [(g[0].task.task_id, [t.passed for t in g if t.status == OK]) for g in by_group.values()]
+    rows = [(task_id, p) for task_id, p in rows if p]
+    passes = [p for _, p in rows]
+    result = DomainEval(domain, passes, [task_id for task_id, _ in rows], infra_errors=sum(t.status != OK for t in trajs))
     if passes:
         n = min(len(p) for p in passes)
         result.pass_at = {k: pass_at_k_ci(passes, k) for k in ks if k <= n}
@@ -68,5 +81,5 @@ def evaluate(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environmen
         levels = dom.difficulty.levels(env.difficulties)
         tasks = eval_tasks(env, name, tasks_per_domain, seed, levels)
         trajs = collect(backend, tokenizer, envs, domains, tasks, samples=n, temperature=temperature, seed=seed)
-        results[name] = summarize(name, tasks, trajs, ks)
+        results[name] = summarize(name, trajs, ks)
     return results

@@ -111,15 +111,13 @@ class DomainMixer:
         review = self.domains[name].difficulty.review
         if review and level > cur.min_level and self.rng.random() < review:  # keep the levels below in practice
             level = self.rng.randint(cur.min_level, level - 1)
-        seed = self.rng.getrandbits(63)  # fits a signed int64 column in the trajectory store
         env = self.envs[name]
-        task = draw_task(env, random.Random(seed), level, "train")
+        task = draw_task(env, self.rng, level, "train")
         if task.difficulty != level:
             raise AssayError(
                 f"environment {env.name!r} returned a task of difficulty {task.difficulty} when asked for {level}; "
                 "its generate() must honour the difficulty argument"
             )
-        task.seed = seed
         task.domain = name
         return task
 

@@ -17,6 +17,7 @@ from assay.core.modeling import load_model
 from assay.core.storage import atomic_write, prepare_run_dir
 from assay.eval.evaluate import DomainEval, evaluate
 from assay.eval.passk import paired_difference_ci
+from assay.pipeline.overlap import check_overlap
 from assay.pipeline.policy import domain_envs
 from assay.pipeline.sft import run_sft
 from assay.pipeline.sync import SyncPipeline
@@ -53,11 +54,12 @@ def compare(before: dict[str, DomainEval], after: dict[str, DomainEval]) -> list
     return rows
 
 
-def summary_table(rows: list[dict[str, Any]]) -> Table:
+def summary_table(rows: list[dict[str, Any]], held_out: bool) -> Table:
     def ci(e: dict[str, float]) -> str:
         return f"{e['value']:.3f} [{e['low']:.3f}, {e['high']:.3f}]"
 
-    table = Table(title="pass@1 on held-out tasks (95% bootstrap CIs over tasks; Δ paired)")
+    where = "held-out tasks" if held_out else "evaluation tasks that are NOT held out"
+    table = Table(title=f"pass@1 on {where} (95% bootstrap CIs over tasks; Δ paired)")
     for col in ("domain", "tasks × n", "after SFT", "after RL", "Δ", "verdict"):
         table.add_column(col, justify="left" if col in ("domain", "verdict") else "right")
     for r in rows:
@@ -85,9 +87,12 @@ def run_quickstart(cfg: Config, console: Console | None = None) -> list[dict[str
     console.print("[bold]4/5[/] evaluating the RL policy on the same held-out tasks")
     after = evaluate_policy(cfg, final)
     rows = compare(before, after)
-    atomic_write(run_dir / "summary.json", json.dumps(rows, indent=1))
+    overlap = check_overlap(run_dir, (t for r in before.values() for t in r.task_ids))
+    atomic_write(run_dir / "summary.json", json.dumps({"domains": rows, "held_out": overlap.held_out,
+                                                        "overlap": overlap.describe()}, indent=1))
     console.print("[bold]5/5[/] report")
-    console.print(summary_table(rows))
+    console.print(summary_table(rows, overlap.held_out))
+    console.print(overlap.describe())
     from assay.eval.report import write_report
 
     console.print(f"report: {write_report(run_dir)}")

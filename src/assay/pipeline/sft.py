@@ -10,6 +10,7 @@ from assay.agent.render import sft_example
 from assay.core.config import Config, dump_config
 from assay.core.modeling import apply_threads, save_model
 from assay.core.storage import MetricsLogger, atomic_write
+from assay.core.types import Task
 from assay.envs.base import Environment
 from assay.envs.split import draw_task
 from assay.pipeline.policy import build_policy, domain_envs
@@ -17,17 +18,23 @@ from assay.pipeline.ui import RunView
 from assay.train.sft import sft_train
 
 
-def build_examples(cfg: Config, envs: dict[str, Environment], tokenizer: Any) -> list[tuple[list[int], list[int]]]:
-    """Reference conversations over every difficulty level in each domain's range."""
-    examples = []
+def sft_tasks(cfg: Config, envs: dict[str, Environment]) -> dict[str, list[Task]]:
+    """Per domain, the tasks SFT trains on: training-partition tasks over every level in the domain's
+    range, a pure function of the config (so a run's SFT data can be re-derived to check for overlap)."""
+    tasks = {}
     for dom in cfg.domains:
         env = envs[dom.name]
         levels = dom.difficulty.levels(env.difficulties)
         rng = random.Random(f"sft:{cfg.seed}:{dom.name}")
-        for i in range(cfg.sft.examples_per_domain):
-            task = draw_task(env, rng, levels[i % len(levels)], "train")
-            examples.append(sft_example(tokenizer, task, env.reference_solution(task)))
-    return examples
+        tasks[dom.name] = [draw_task(env, rng, levels[i % len(levels)], "train")
+                           for i in range(cfg.sft.examples_per_domain)]
+    return tasks
+
+
+def build_examples(cfg: Config, envs: dict[str, Environment], tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+    """Reference conversations of `sft_tasks`, rendered in the agent loop's token layout."""
+    return [sft_example(tokenizer, task, envs[name].reference_solution(task))
+            for name, tasks in sft_tasks(cfg, envs).items() for task in tasks]
 
 
 def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
