@@ -47,7 +47,9 @@ def test_seccomp_program(arch: str, audit: int) -> None:
     assert run_bpf(prog, nr["clone"], audit, arg0=0x11) == ALLOW  # fork-like clone(SIGCHLD | ...)
     assert run_bpf(prog, nr["clone"], audit, arg0=CLONE_NEWUSER | 0x11) == ERRNO | errno.EPERM
     assert run_bpf(prog, nr["clone"], audit, arg0=CLONE_NEWNET) == ERRNO | errno.EPERM
-    assert run_bpf(prog, nr["clone3"], audit) == ERRNO | errno.ENOSYS
+    for name in ("clone3", "io_uring_setup", "io_uring_enter", "io_uring_register"):
+        assert run_bpf(prog, nr[name], audit) == ERRNO | errno.ENOSYS, name
+    assert [nr[name] for name in ("io_uring_setup", "io_uring_enter", "io_uring_register")] == [425, 426, 427]
     assert run_bpf(prog, read_nr, audit ^ 1) == KILL  # another ABI's numbers mean other calls
     if arch == "x86_64":
         assert run_bpf(prog, 0x40000000 + read_nr, audit) == ERRNO | errno.EPERM  # x32

@@ -1,8 +1,9 @@
 """A seccomp filter, as a classic BPF program built with struct: no libseccomp, no new dependency.
 
 It refuses (EPERM) the calls a sandboxed program never needs and that widen the kernel surface it can
-reach: mounts, ptrace, kernel modules, keyrings, bpf, reboot, namespaces, clock changes; and it lets `socket` and
-`socketpair` open only the families a program's own networking needs. Stdlib only."""
+reach: mounts, ptrace, kernel modules, keyrings, bpf, reboot, namespaces, clock changes; it answers ENOSYS for
+clone3 and io_uring; and it lets `socket` and `socketpair` open only the families a program's own networking
+needs. Stdlib only."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ DENIED = (
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "iopl", "ioperm",
     "syslog", "quotactl", "quotactl_fd", "lookup_dcookie", "vhangup", "uselib",
 )
+
+# These fail as on a kernel without them (ENOSYS), which is what makes programs fall back. clone3 passes its flags
+# in memory BPF cannot read: libc falls back to clone, whose flags it can. io_uring performs opens, socket calls
+# and more in the kernel, out of this filter's sight: liburing's users and libuv fall back to plain calls.
+ABSENT = ("clone3", "io_uring_setup", "io_uring_enter", "io_uring_register")
 
 # A network namespace isolates IP, not the other families: AF_VSOCK, for one, reaches the VM's own vsock port
 # space. Anything else fails as on a kernel built without it (EAFNOSUPPORT).
@@ -50,8 +56,8 @@ def build_filter(arch: str = kernel.ARCH) -> bytes:
     for name in DENIED:
         if name in nr:  # iopl, ioperm and uselib exist on x86 only
             prog += [_ins(_JEQ, nr[name], 0, 1), eperm]
-    # clone3 passes its flags in memory BPF cannot read: ENOSYS makes libc fall back to clone, whose flags it can.
-    prog += [_ins(_JEQ, nr["clone3"], 0, 1), _ins(_RET, _ERRNO | errno.ENOSYS)]
+    for name in ABSENT:
+        prog += [_ins(_JEQ, nr[name], 0, 1), _ins(_RET, _ERRNO | errno.ENOSYS)]
     prog += _socket_rule(nr)
     prog += [_ins(_JEQ, nr["clone"], 0, 3), _ins(_LD_W_ABS, _OFF_ARG0), _ins(_JSET, kernel.CLONE_NEW_ANY, 0, 1),
              eperm, _ins(_RET, _ALLOW)]
