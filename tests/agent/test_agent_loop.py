@@ -48,7 +48,7 @@ def test_loop_replays_reference_token_exact_like_sft(tok):
     assert set(traj.timings) == {"generate_s", "tool_s", "verify_s"}
     # the second request continued the first token for token: never re-tokenized
     assert backend.requests[1].prompt_ids == ids[: p + a1 + o]
-    assert backend.requests[0].params.stop_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")]
+    assert backend.requests[0].params.stop_token_ids == [tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id]
 
 
 def test_all_active_episodes_share_one_generate_call_per_turn(tok):

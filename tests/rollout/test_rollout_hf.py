@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from assay.core.errors import AssayError
+from assay.core.tokenizer import stop_token_ids
 from assay.rollout.base import GenRequest, SamplingParams
 from assay.rollout.hf import HFBackend
 
@@ -67,9 +68,14 @@ def test_stop_token_cuts_and_is_included(tok, model):
     assert cut.logprobs == pytest.approx(free.logprobs[: j + 1], abs=1e-6)
 
 
-def test_default_stop_is_im_end(tok, model):
-    backend = HFBackend(model, tok)
-    assert backend.default_stop == [tok.convert_tokens_to_ids("<|im_end|>")]
+def test_every_backend_stops_where_the_tokenizer_says(tok, model):
+    from assay.rollout.engine import Engine
+
+    expected = [tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id]
+    assert stop_token_ids(tok) == expected
+    assert HFBackend(model, tok).default_stop == expected
+    assert Engine(model, tok).default_stop == expected
+    assert model.generation_config.eos_token_id == expected
 
 
 def test_rows_with_different_max_tokens_share_a_batch(tok, model):

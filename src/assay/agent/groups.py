@@ -9,13 +9,10 @@ from typing import Any
 
 from assay.agent.loop import run_episodes
 from assay.core.config import DomainConfig
+from assay.core.tokenizer import stop_token_ids
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
 from assay.rollout.base import RolloutBackend, SamplingParams
-
-
-def stop_ids(tokenizer: Any) -> list[int]:
-    return [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
 
 
 def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment], domains: dict[str, DomainConfig],
@@ -32,7 +29,7 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
         n = samples or dom.group_size
         episodes = [(task, envs[name].start(task, None)) for _, task in items for _ in range(n)]
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=dom.max_new_tokens,
-                                stop_token_ids=stop_ids(tokenizer), seed=seed)
+                                stop_token_ids=stop_token_ids(tokenizer), seed=seed)
         trajs = run_episodes(backend, episodes, tokenizer, params, max_turns=dom.max_turns,
                              max_context=dom.max_context, policy_version=policy_version)
         for j, (i, task) in enumerate(items):

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 from transformers import PreTrainedTokenizerBase
 
 from assay.agent.parse import parse_assistant
-from assay.agent.render import observation_ids, prompt_ids, special_id
+from assay.agent.render import observation_ids, prompt_ids
 from assay.core.errors import AssayError
-from assay.core.tokenizer import IM_END
+from assay.core.tokenizer import stop_token_ids
 from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observation, Task, Trajectory
 from assay.envs.base import Episode
 from assay.envs.tools import validate_call
@@ -69,8 +69,7 @@ def run_episodes(
     generate calls the episode took part in."""
     if max_turns < 1 or max_context < 1:
         raise AssayError(f"run_episodes: max_turns and max_context must be >= 1, got {max_turns}, {max_context}")
-    im_end = special_id(tokenizer, IM_END)
-    stop = list(params.stop_token_ids) or [im_end]
+    stop = list(params.stop_token_ids) or stop_token_ids(tokenizer)
     runs = []
     for task, episode in items:
         ids = prompt_ids(tokenizer, task)

@@ -16,13 +16,13 @@ from __future__ import annotations
 from transformers import PreTrainedTokenizerBase
 
 from assay.core.errors import AssayError
-from assay.core.tokenizer import IM_END, IM_START, TOOL_CALL_END, TOOL_CALL_START, tool_call_text
+from assay.core.tokenizer import IM_END, IM_START, TOOL_CALL_END, TOOL_CALL_START, special_token_id, tool_call_text
 from assay.core.types import Message, Task
 
 
 def special_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
-    i = tokenizer.convert_tokens_to_ids(token)
-    if not isinstance(i, int) or i == tokenizer.unk_token_id or tokenizer.convert_ids_to_tokens(i) != token:
+    i = special_token_id(tokenizer, token)
+    if i is None:
         raise AssayError(f"the tokenizer has no {token} token; train it with assay.core.tokenizer.train_tokenizer")
     return i
 

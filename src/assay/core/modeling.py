@@ -20,7 +20,7 @@ from transformers import (
 
 from assay.core.config import ModelConfig
 from assay.core.errors import AssayError, CheckpointError
-from assay.core.tokenizer import IM_END
+from assay.core.tokenizer import stop_token_ids
 
 # sdpa measured equal to or a little faster than eager for hidden 128 / 2 layers on one CPU thread
 # (train step 0.27 s vs 0.29-0.33 s for 16x256 tokens; generation equal), so sdpa it is.
@@ -50,9 +50,8 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrai
     model = model_cls(config)
     # Only the special ids live here: a chat turn ends at <|im_end|>. Sampling settings are passed
     # explicitly on every generate call (rollout.hf), since an unset top_k falls back to transformers' 50.
-    stops = [i for i in (tokenizer.convert_tokens_to_ids(IM_END), tokenizer.eos_token_id) if i is not None]
     model.generation_config = GenerationConfig(
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=list(dict.fromkeys(stops)), bos_token_id=None
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=stop_token_ids(tokenizer), bos_token_id=None
     )
     return model
 

@@ -25,6 +25,27 @@ ENDOFTEXT = "<|endoftext|>"  # also the pad token
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END, TOOL_CALL_START, TOOL_CALL_END]
 _SPECIAL_RE = re.compile("|".join(re.escape(s) for s in SPECIAL_TOKENS))
 
+
+
+def special_token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of `token` when the tokenizer has it as a token of its own (not the unknown token)."""
+    i = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(i, int) or i == tokenizer.unk_token_id or tokenizer.convert_ids_to_tokens(i) != token:
+        return None
+    return i
+
+
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """Where generation stops, for every backend and the agent loop: the end of a chat turn and the end
+    of text, those of the two the tokenizer has."""
+    stops = [special_token_id(tokenizer, IM_END), tokenizer.eos_token_id]
+    ids = list(dict.fromkeys(i for i in stops if isinstance(i, int)))
+    if not ids:
+        raise AssayError(f"the tokenizer has neither {IM_END} nor an eos token, so generation could never stop; "
+                         "train one with assay.core.tokenizer.train_tokenizer")
+    return ids
+
+
 # json.dumps(obj, separators=(",", ":")) in the template: compact, ASCII-escaped, keys in insertion order.
 _J = "tojson(separators=(',', ':'), ensure_ascii=True)"
 CHAT_TEMPLATE = (

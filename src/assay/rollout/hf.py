@@ -18,7 +18,7 @@ from torch import Tensor
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from assay.core.errors import AssayError
-from assay.core.tokenizer import IM_END
+from assay.core.tokenizer import stop_token_ids
 from assay.rollout.base import GenRequest, GenResult, SamplingParams, check_request, stop_string_end
 from assay.rollout.weights import copy_weights
 
@@ -38,8 +38,7 @@ class HFBackend:
         self.max_batch = max_batch  # rows (prompts x n) per generate call, to bound memory
         self.version = 0
         self.pad_id = tokenizer.pad_token_id
-        im_end = tokenizer.convert_tokens_to_ids(IM_END)
-        self.default_stop = [im_end] if isinstance(im_end, int) else [tokenizer.eos_token_id]
+        self.default_stop = stop_token_ids(tokenizer)
         self.last_stats: dict[str, float] = {}
 
     # -- RolloutBackend -------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from assay.core.errors import AssayError
-from assay.core.tokenizer import IM_END
+from assay.core.tokenizer import stop_token_ids
 from assay.rollout.base import GenRequest, GenResult, check_request
 from assay.rollout.engine.block_manager import BlockManager
 from assay.rollout.engine.model import PagedModel
@@ -269,10 +269,6 @@ class Engine:
 
 def _default_stop(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> list[int]:
     if tokenizer is not None:
-        im_end = tokenizer.convert_tokens_to_ids(IM_END)
-        if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-            return [im_end]
-        if tokenizer.eos_token_id is not None:
-            return [tokenizer.eos_token_id]
+        return stop_token_ids(tokenizer)
     eos = model.generation_config.eos_token_id if model.generation_config else None
     return [eos] if isinstance(eos, int) else list(eos or [])
