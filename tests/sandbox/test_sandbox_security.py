@@ -5,12 +5,15 @@ on Unix sockets: never at any other address."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -214,6 +217,47 @@ def test_host_environment_does_not_leak(isolated: None, monkeypatch: pytest.Monk
         r = s.exec("env; cat /proc/1/environ /proc/self/environ 2>&1; ls /proc")
         assert r.status == EXITED and token not in r.stdout + r.stderr
         assert str(REPO) not in s.exec("cat /proc/1/cmdline").stdout  # not even the checkout's path
+
+
+PROC_FILES = ("/proc/1/cmdline", "/proc/1/environ", "/proc/1/cgroup", "/proc/1/mountinfo", "/proc/self/cgroup",
+              "/proc/self/mountinfo", "/proc/self/mounts", "/proc/self/environ", "/proc/self/cmdline")
+
+
+def _host_details(sbx: NamespaceSandbox) -> dict[str, str]:
+    """What would tell a program where the host keeps things, by what it is."""
+    details = {"interpreter prefix": sys.prefix, "base prefix": sys.base_prefix, "checkout": str(REPO),
+               "launcher directory": client.get_launcher().dir, "volume name": sbx._volume.name}
+    home = str(Path.home())
+    if home != "/":
+        details["home"] = home
+    if sbx._volume.cgroup:
+        details["sandbox cgroup"] = sbx._volume.cgroup
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        if line.split(":", 2)[2] != "/":
+            details[f"host cgroup {line.split(':')[1]}"] = line.split(":", 2)[2]
+    return details
+
+
+def test_proc_shows_nothing_of_the_host(sbx: NamespaceSandbox, py) -> None:
+    r = py(sbx, f"""
+        import json
+        seen = {{}}
+        for path in {PROC_FILES!r}:
+            try:
+                seen[path] = open(path, "rb").read().decode(errors="replace")
+            except OSError as e:
+                seen[path] = f"unreadable: {{e.strerror}}"
+        print(json.dumps(seen))
+    """)
+    seen = json.loads(r.stdout)
+    leaks = [(path, what) for path, text in seen.items() for what, value in _host_details(sbx).items()
+             if re.search(re.escape(value) + r"(?=[/\s\0:,]|$)", text)]
+    assert not leaks, (leaks, seen)
+    assert seen["/proc/1/cmdline"].startswith("/proc/self/exe\0-I\0-S\0-c\0"), seen  # the worker: a bare interpreter
+    assert seen["/proc/1/environ"].startswith("unreadable"), seen  # and not ours to read
+    assert {line.split(":", 2)[2] for line in seen["/proc/self/cgroup"].splitlines()} == {"/"}, seen
+    workspace = next(line for line in seen["/proc/self/mountinfo"].splitlines() if " /workspace " in line)
+    assert re.search(r"lowerdir=/proc/self/fd/\d+,upperdir=/proc/self/fd/\d+,workdir=/proc/self/fd/\d+", workspace)
 
 
 def test_fork_bomb_and_memory_bomb_leave_the_host_alone(isolated: None) -> None:

@@ -50,6 +50,25 @@ def procs_files(name: str | None) -> list[int]:
             for ctl in CONTROLLERS]
 
 
+def home() -> list[int] | None:
+    """Our own cgroups' `cgroup.procs` files, opened for writing, to step back into; None where /proc/self/cgroup
+    does not name them under ROOT (a container that mounts its own cgroup as the root, say)."""
+    paths: dict[str, str] = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            paths.update(dict.fromkeys(names.split(","), path))
+    files = [f"{ROOT}/{ctl}{paths.get(ctl, '/-')}/cgroup.procs" for ctl in CONTROLLERS]
+    try:
+        for file in files:
+            with open(file) as f:
+                if str(os.getpid()) not in f.read().split():
+                    return None
+        return [os.open(file, os.O_WRONLY) for file in files]
+    except OSError:
+        return None
+
+
 def move_self(procs: list[int]) -> None:
     for fd in procs:
         os.write(fd, b"0")

@@ -22,10 +22,18 @@ from assay.core.errors import AssayError
 from assay.sandbox import cgroups, protocol
 
 # The launcher imports only stdlib and its own sandbox modules; registering the two packages by path skips
-# assay/__init__.py and assay/sandbox/__init__.py, which may import heavier things.
+# assay/__init__.py and assay/sandbox/__init__.py, which may import heavier things. A sandboxed program can read
+# its pid 1's command line (the worker's: the launcher's), so the paths come on stdin, NUL-terminated, and argv[0]
+# is /proc/self/exe, which finds the interpreter (and through it, its prefix) without naming it.
 _BOOTSTRAP = """
 import os, sys, types
-src, run_dir = os.environ.pop("ASSAY_SANDBOX_SRC"), os.environ.pop("ASSAY_SANDBOX_DIR")
+data = b""
+while data.count(b"\\0") < 2:
+    chunk = os.read(0, 4096)
+    if not chunk:
+        sys.exit(1)
+    data += chunk
+src, run_dir = data.decode().split("\\0")[:2]
 for name in ("assay", "assay.sandbox"):
     pkg = types.ModuleType(name)
     pkg.__path__ = [src + "/" + name.replace(".", "/")]
@@ -52,11 +60,15 @@ class Launcher:
         _sweep_dirs()
         self.dir = tempfile.mkdtemp(prefix=_PREFIX)  # mode 0700: only we reach the sockets
         self.exec_path, self.ctl_path = f"{self.dir}/exec.sock", f"{self.dir}/ctl.sock"
-        # Paths go in the environment, not argv: a sandboxed program can read its pid 1's command line.
-        env = dict(_ENV, ASSAY_SANDBOX_SRC=_SRC, ASSAY_SANDBOX_DIR=self.dir)
         python = getattr(sys, "_base_executable", sys.executable)  # no venv needed: stdlib only
-        self.proc = subprocess.Popen([python, "-I", "-S", "-c", _BOOTSTRAP], env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, start_new_session=True)
+        self.proc = subprocess.Popen(["/proc/self/exe", "-I", "-S", "-c", _BOOTSTRAP], executable=python, env=_ENV,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(f"{_SRC}\0{self.dir}\0".encode())
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # it died at start: its first line (none) says so
         Path(self.dir, "pid").write_text(str(self.proc.pid))  # for _sweep_dirs, should we die uncleanly
         self.cgroups = False
         line = self._first_line()

@@ -124,20 +124,29 @@ def _serve(conn: socket.socket, req: dict, files: list[bytes], launcher_pid: int
             own_dir(f"/{layer}")
     own_dir(f"{vol}/{upper}")
     os.makedirs(f"{vol}/{work}", 0o700, exist_ok=True)
-    # The sandbox's own network namespace (loopback only), kept by the launcher across its runs.
-    netns = os.open(f"/proc/{launcher_pid}/fd/{int(req['netns'])}", os.O_RDONLY)
-    kernel.setns(netns, kernel.CLONE_NEWNET)
-    os.close(netns)
+    # The sandbox's own network namespace (loopback only) and cgroup namespace (its cgroup seen as "/"), kept by the
+    # launcher across its runs.
+    for key, kind in (("netns", kernel.CLONE_NEWNET), ("cgroupns", kernel.CLONE_NEWCGROUP)):
+        fd = os.open(f"/proc/{launcher_pid}/fd/{int(req[key])}", os.O_RDONLY)
+        kernel.setns(fd, kind)
+        os.close(fd)
     counters, cgroup_moves = None, None
     if req["cgroup"]:
         if not NAME.fullmatch(req["cgroup"]):
             raise ValueError("bad cgroup name")
         counters = cgroups.Counters(req["cgroup"])
         cgroup_moves = cgroups.procs_files(req["cgroup"]), cgroups.procs_files(None)
-    os.chdir("/")  # relative layer paths keep the overlay options under one page, so stacks can be deep
-    vrel = vol.lstrip("/")
-    kernel.mount("overlay", f"{ROOT}/workspace", "overlay", _MOUNT_FLAGS,
-                 f"lowerdir={':'.join(req['lowers']) or 'empty'},upperdir={vrel}/{upper},workdir={vrel}/{work}")
+    # Layers named by open fds: the sandbox's mount table then shows /proc/self/fd/N, not the launcher's layout
+    # (whose volume names are also its cgroups'), and the options stay under a page however deep the stack.
+    layers = [os.open(path, os.O_PATH | os.O_DIRECTORY)
+              for path in ([f"/{layer}" for layer in req["lowers"]] or ["/empty"]) + [f"{vol}/{upper}", f"{vol}/{work}"]]
+    try:
+        *lowers, up, wk = (f"/proc/self/fd/{fd}" for fd in layers)
+        kernel.mount("overlay", f"{ROOT}/workspace", "overlay", _MOUNT_FLAGS,
+                     f"lowerdir={':'.join(lowers)},upperdir={up},workdir={wk}")
+    finally:
+        for fd in layers:
+            os.close(fd)
     kernel.mount("tmpfs", f"{ROOT}/tmp", "tmpfs", _MOUNT_FLAGS, tmpfs_options(req["volume_mb"], "1777"))
     disks = [os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in (vol, f"{ROOT}/tmp")]  # to see if they filled
     os.chdir(ROOT)

@@ -125,13 +125,16 @@ def _peer_ok(conn: socket.socket) -> bool:  # the socket's directory is root-onl
 
 
 class _Sandboxes:
-    """Per sandbox: its volume (a tmpfs under /v), network namespace (an open fd) and cgroup. A couple of spares
-    of the kind last asked for are made while idle, so that creating a sandbox costs one round trip."""
+    """Per sandbox: its volume (a tmpfs under /v), network and cgroup namespaces (open fds) and cgroup. A couple of
+    spares of the kind last asked for are made while idle, so that creating a sandbox costs one round trip."""
 
     def __init__(self, use_cgroups: bool) -> None:
         self.use_cgroups = use_cgroups
         self.host_net = os.open("/proc/self/ns/net", os.O_RDONLY)
+        self.host_cgroupns = os.open("/proc/self/ns/cgroup", os.O_RDONLY)
+        self.home = cgroups.home() if use_cgroups else None
         self.netns: dict[str, int] = {}
+        self.cgroupns: dict[str, int] = {}
         self.spares: list[dict] = []
         self.kind: tuple[int, int, int] | None = None  # (size_mb, memory_mb, max_procs) of the spares
         self.stale_cgroups: set[str] = set()  # still held by a dying run: removed on a later pass
@@ -163,7 +166,26 @@ class _Sandboxes:
         if self.use_cgroups:
             cgroup = f"{os.getpid()}-{name}"
             cgroups.create(cgroup, memory_mb << 20, max_procs)
-        return {"name": name, "netns": self.netns[name], "cgroup": cgroup}
+        self.cgroupns[name] = self._cgroup_namespace(cgroup)
+        return {"name": name, "netns": self.netns[name], "cgroupns": self.cgroupns[name], "cgroup": cgroup}
+
+    def _cgroup_namespace(self, cgroup: str | None) -> int:
+        """A cgroup namespace rooted at the sandbox's cgroup (without one, at ours, where its runs stay): its
+        programs see their cgroups as "/", and nothing of the host's tree. The root is the cgroup its maker is in,
+        so we step into the sandbox's for a moment, here rather than in each run."""
+        procs = cgroups.procs_files(cgroup) if cgroup and self.home else []
+        try:
+            cgroups.move_self(procs)
+            kernel.unshare(kernel.CLONE_NEWCGROUP)
+            try:
+                return os.open("/proc/self/ns/cgroup", os.O_RDONLY)
+            finally:
+                kernel.setns(self.host_cgroupns, kernel.CLONE_NEWCGROUP)
+        finally:
+            if procs and self.home:
+                cgroups.move_self(self.home)
+            for fd in procs:
+                os.close(fd)
 
     def release(self, name: str) -> None:
         if not jail.NAME.fullmatch(name):
@@ -172,8 +194,9 @@ class _Sandboxes:
             kernel.umount(f"/v/{name}")
         if os.path.isdir(f"/v/{name}"):
             os.rmdir(f"/v/{name}")
-        if name in self.netns:
-            os.close(self.netns.pop(name))
+        for fds in (self.netns, self.cgroupns):
+            if name in fds:
+                os.close(fds.pop(name))
         if self.use_cgroups:
             self.stale_cgroups.add(f"{os.getpid()}-{name}")
             self.sweep()

@@ -34,14 +34,15 @@ class SandboxError(AssayError, OSError):
 
 class _Volume:
     """What the launcher keeps for a sandbox: its tmpfs (the disk quota, holding its upper layers and its
-    snapshots' layers), its network namespace and its cgroup. Released when neither the sandbox nor any
+    snapshots' layers), its network and cgroup namespaces and its cgroup. Released when neither the sandbox nor any
     snapshot still needs it."""
 
     def __init__(self, launcher: Launcher, limits: Limits) -> None:
         reply, _ = _check(launcher.request({"op": "sandbox", "size_mb": limits.workspace_mb,
                                             "memory_mb": limits.memory_mb, "max_procs": limits.max_procs},
                                            timeout=_SLACK_S))
-        self.name, self.netns, self.cgroup = reply["name"], reply["netns"], reply["cgroup"]
+        self.name, self.netns, self.cgroupns, self.cgroup = reply["name"], reply["netns"], reply["cgroupns"], \
+            reply["cgroup"]
         weakref.finalize(self, _release, launcher, self.name)
 
 
@@ -267,7 +268,7 @@ class NamespaceSandbox:
                   "max_procs": lim.max_procs, "file_size_mb": lim.file_size_mb, "open_files": lim.open_files,
                   "output_bytes": lim.output_bytes}
         header = {"op": "exec", "volume": self._volume.name, "volume_mb": lim.workspace_mb,
-                  "netns": self._volume.netns, "cgroup": self._volume.cgroup,
+                  "netns": self._volume.netns, "cgroupns": self._volume.cgroupns, "cgroup": self._volume.cgroup,
                   "upper": f"u{self._gen}", "lowers": list(self._lowers), "discard": self._discard,
                   "after": self._after,
                   "argv": argv, "env": {**BASE_ENV, **(env or {})}, "limits": limits,
