@@ -256,7 +256,10 @@ def test_proc_shows_nothing_of_the_host(sbx: NamespaceSandbox, py) -> None:
     assert seen["/proc/1/cmdline"].startswith("/proc/self/exe\0-I\0-S\0-c\0"), seen  # the worker: a bare interpreter
     assert seen["/proc/1/environ"].startswith("unreadable"), seen  # and not ours to read
     assert {line.split(":", 2)[2] for line in seen["/proc/self/cgroup"].splitlines()} == {"/"}, seen
-    workspace = next(line for line in seen["/proc/self/mountinfo"].splitlines() if " /workspace " in line)
+    mounts = seen["/proc/self/mountinfo"].splitlines()
+    sources = {line.split(" - ")[1].split()[1] for line in mounts}
+    assert sources <= {"tmpfs", "overlay", "proc"}, seen  # no host device, as a bind mount of /usr would name
+    workspace = next(line for line in mounts if " /workspace " in line)
     assert re.search(r"lowerdir=/proc/self/fd/\d+,upperdir=/proc/self/fd/\d+,workdir=/proc/self/fd/\d+", workspace)
 
 

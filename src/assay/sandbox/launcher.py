@@ -39,6 +39,17 @@ def _bind_ro(src: str, dst: str) -> None:
     kernel.mount(None, dst, None, _RO_BIND)
 
 
+def _host_dir(src: str, dst: str) -> None:
+    """A read-only view of a host directory. An overlay of it over the store's empty directory (named relative to
+    the store, our cwd), so that the sandbox's mount table reads "lowerdir=/usr:empty" where a bind mount would
+    name the host's device and its mount options; a bind where the kernel refuses (overlays nest two deep)."""
+    try:
+        kernel.mount("overlay", dst, "overlay", kernel.MS_RDONLY | kernel.MS_NOSUID | kernel.MS_NODEV,
+                     f"lowerdir={src}:empty")
+    except OSError:
+        _bind_ro(src, dst)
+
+
 def _copy(src: str, dst: str) -> None:
     """Copy small host files, links and directories of them (a few /etc entries)."""
     if os.path.islink(src):
@@ -55,17 +66,17 @@ def _copy(src: str, dst: str) -> None:
 
 def build_root(root: str) -> None:
     """The sandbox's root filesystem: /usr and a few /etc files of the host, read-only; a minimal /dev;
-    mount points for /proc, /tmp and /workspace, which each run mounts afresh."""
+    mount points for /proc, /tmp and /workspace, which each run mounts afresh. Runs in the store."""
     kernel.mount("tmpfs", root, "tmpfs", kernel.MS_NOSUID, "mode=0755,size=4m")
     for d in ("usr", "etc", "dev", "proc", "tmp", "workspace"):
         os.mkdir(f"{root}/{d}", 0o755)
-    _bind_ro("/usr", f"{root}/usr")
+    _host_dir("/usr", f"{root}/usr")
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):  # merged-/usr links, or real dirs
         if os.path.islink(f"/{name}"):
             os.symlink(os.readlink(f"/{name}"), f"{root}/{name}")
         elif os.path.isdir(f"/{name}"):
             os.mkdir(f"{root}/{name}")
-            _bind_ro(f"/{name}", f"{root}/{name}")
+            _host_dir(f"/{name}", f"{root}/{name}")
     for name, text in ETC_OWN.items():
         with open(f"{root}/etc/{name}", "w") as f:
             f.write(text)
@@ -95,6 +106,7 @@ def _setup(run_dir: str) -> tuple[socket.socket, socket.socket, bool]:
     kernel.mount("tmpfs", store, "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV, "mode=0700")
     for d in ("root", "v", "t", "empty", "proc", "cg"):
         os.mkdir(f"{store}/{d}", 0o755)
+    os.chdir(store)
     build_root(f"{store}/root")
     kernel.mount("tmpfs", f"{store}/v", "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV, "mode=0755,size=1m")
     kernel.mount(None, f"{store}/v", None, kernel.MS_SHARED)  # staged workers see volumes mounted later
