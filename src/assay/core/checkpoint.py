@@ -1,18 +1,18 @@
 """Checkpoints: `checkpoints/step_N/` holds the policy in Hugging Face layout (safetensors +
 tokenizer), `trainer.pt` (optimizer, step, torch RNG) and `state.json` (mixer, curriculum, Python
-RNG). A checkpoint is written into a temp directory and renamed into place, so it is whole or absent."""
+RNG). A checkpoint is written into a temp directory and swapped into place, so it is whole or absent."""
 
 from __future__ import annotations
 
 import json
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from assay.core.atomic import atomic_dir
 from assay.core.errors import CheckpointError
 
 REQUIRED = ("config.json", "model.safetensors", "trainer.pt", "state.json")
@@ -30,16 +30,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(ckpt_root: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
                     state: dict[str, Any], keep: int = 2) -> Path:
-    ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step}"
-    tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=f".step_{step}."))
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    torch.save({"trainer": trainer_state, "rng": rng_state()}, tmp / "trainer.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
+    with atomic_dir(final) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        torch.save({"trainer": trainer_state, "rng": rng_state()}, tmp / "trainer.pt")
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
     for old in sorted(list_checkpoints(ckpt_root))[:-keep]:
         shutil.rmtree(ckpt_root / f"step_{old}", ignore_errors=True)
     return final

@@ -18,6 +18,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from assay.core.atomic import atomic_dir
 from assay.core.config import ModelConfig
 from assay.core.errors import AssayError, CheckpointError
 from assay.core.tokenizer import stop_token_ids
@@ -58,10 +59,9 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrai
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> None:
     """Weights (safetensors), config and tokenizer in Hugging Face layout: loadable by `from_pretrained`."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(d)
-    tokenizer.save_pretrained(d)
+    with atomic_dir(Path(directory)) as d:
+        model.save_pretrained(d)
+        tokenizer.save_pretrained(d)
 
 
 def load_model(

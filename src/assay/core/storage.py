@@ -6,8 +6,6 @@ leaves everything already recorded readable."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
@@ -17,19 +15,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from assay.core.atomic import atomic_path
+from assay.core.atomic import atomic_write as atomic_write  # re-exported for the run directory's writers
 from assay.core.errors import AssayError
 from assay.core.types import Message, Task, ToolCall, ToolSpec, Trajectory
-
-
-def atomic_write(path: Path, data: bytes | str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
 
 # Parquet schema: scalars as columns, token-level data as typed lists, nested structures as JSON.
 TRAJECTORY_SCHEMA = pa.schema([
@@ -117,10 +106,8 @@ class TrajectoryWriter:
             return None
         table = pa.Table.from_pylist([trajectory_row(t, step) for t in trajectories], schema=TRAJECTORY_SCHEMA)
         path = self.directory / f"step_{step:06d}_a{self.attempt}.parquet"
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".shard.", suffix=".tmp")
-        os.close(fd)
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp)
         return path
 
 

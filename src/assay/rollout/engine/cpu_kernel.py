@@ -18,11 +18,12 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from assay.core.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +91,11 @@ def _build() -> Path:
     target = cache / f"paged_attention-{key}.so"
     if target.exists():
         return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        built = Path(tmp) / target.name
+    with atomic_path(target) as built:
         proc = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True,
                               timeout=120)
         if proc.returncode != 0:
             raise OSError(f"{cc} failed: {proc.stderr.strip()[:300]}")
-        os.replace(built, target)
     for stale in cache.glob("paged_attention-*.so"):  # builds of older sources or flags (loaded copies stay valid)
         if stale != target:
             stale.unlink(missing_ok=True)
