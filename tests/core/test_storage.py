@@ -49,3 +49,13 @@ def test_unwritable_run_dir(tmp_path):
     blocker.write_text("")
     with pytest.raises(AssayError, match="not writable"):
         prepare_run_dir(blocker, "x")
+
+
+def test_the_schema_is_derived_from_the_dataclasses():
+    from dataclasses import fields
+
+    from assay.core.storage import TRAJECTORY_SCHEMA
+    from assay.core.types import Task, Trajectory
+
+    expected = {"step"} | {f.name for f in fields(Task)} | {f.name for f in fields(Trajectory)} - {"task"}
+    assert set(TRAJECTORY_SCHEMA.names) == expected

@@ -18,7 +18,17 @@ from assay.agent.parse import parse_assistant
 from assay.agent.render import observation_ids, prompt_ids
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
-from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observation, Task, Trajectory
+from assay.core.types import (
+    OK,
+    ROLLOUT_ERROR,
+    VERIFIER_ERROR,
+    FinishReason,
+    Message,
+    Observation,
+    Status,
+    Task,
+    Trajectory,
+)
 from assay.envs.base import Episode
 from assay.envs.tools import validate_call
 from assay.rollout.base import GenRequest, GenResult, RolloutBackend, SamplingParams
@@ -36,8 +46,8 @@ class _Run:
     logprobs: list[float] = field(default_factory=list)
     turns: int = 0
     tool_errors: int = 0
-    finish: str = ""  # set when the episode stops acting
-    status: str = OK
+    finish: FinishReason = ""  # set when the episode stops acting
+    status: Status = OK
     error: str = ""
     versions: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "tool_s": 0.0, "verify_s": 0.0})

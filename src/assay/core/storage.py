@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_origin, get_type_hints
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,74 +20,61 @@ from assay.core.atomic import atomic_write as atomic_write  # re-exported for th
 from assay.core.errors import AssayError
 from assay.core.types import Message, Task, ToolCall, ToolSpec, Trajectory
 
-# Parquet schema: scalars as columns, token-level data as typed lists, nested structures as JSON.
-TRAJECTORY_SCHEMA = pa.schema([
-    ("step", pa.int64()),
-    ("group_id", pa.string()),
-    ("env", pa.string()),
-    ("env_hash", pa.string()),
-    ("task_id", pa.string()),
-    ("domain", pa.string()),
-    ("difficulty", pa.int32()),
-    ("seed", pa.int64()),
-    ("prompt", pa.string()),  # JSON list of messages
-    ("tools", pa.string()),  # JSON list of tool specs
-    ("payload", pa.string()),  # JSON: hidden answer/tests
-    ("messages", pa.string()),  # JSON list of messages
-    ("token_ids", pa.list_(pa.int32())),
-    ("loss_mask", pa.list_(pa.int8())),
-    ("logprobs", pa.list_(pa.float32())),
-    ("prompt_len", pa.int32()),
-    ("policy_version", pa.int64()),
-    ("turns", pa.int32()),
-    ("tool_errors", pa.int32()),
-    ("finish_reason", pa.string()),
-    ("reward", pa.float64()),
-    ("passed", pa.bool_()),
-    ("reward_info", pa.string()),  # JSON
-    ("status", pa.string()),
-    ("timings", pa.string()),  # JSON
-])
+# Parquet columns, derived from the dataclasses so the schema cannot drift from them: a Trajectory's
+# fields and its Task's, flattened (one env_hash: the trajectory's, else the task's), plus the step.
+# Scalars are columns, token-level data typed lists, everything else JSON text.
+_SCALARS = {int: pa.int64(), float: pa.float64(), bool: pa.bool_(), str: pa.string()}
+_TOKEN_LISTS = {"token_ids": pa.list_(pa.int32()), "loss_mask": pa.list_(pa.int8()), "logprobs": pa.list_(pa.float32())}
 
 
-def _messages_json(messages: Sequence[Message]) -> str:
-    return json.dumps([asdict(m) for m in messages])
+def _messages_from(items: list[dict[str, Any]]) -> list[Message]:
+    return [Message(**{**m, "tool_calls": [ToolCall(**c) for c in m.get("tool_calls", [])]}) for m in items]
 
 
-def _messages_from(text: str) -> list[Message]:
-    out = []
-    for m in json.loads(text):
-        m["tool_calls"] = [ToolCall(**c) for c in m.get("tool_calls", [])]
-        out.append(Message(**m))
-    return out
+_FROM_JSON: dict[str, Callable[[Any], Any]] = {
+    "prompt": _messages_from, "messages": _messages_from, "tools": lambda specs: [ToolSpec(**s) for s in specs]}
+
+
+def _columns(cls: type, skip: set[str]) -> dict[str, pa.DataType | None]:
+    """Each field's Arrow type; None for a field stored as JSON text."""
+    hints = get_type_hints(cls)
+
+    def arrow(name: str, hint: Any) -> pa.DataType | None:
+        return pa.string() if get_origin(hint) is Literal else _TOKEN_LISTS.get(name) or _SCALARS.get(hint)
+
+    return {f.name: arrow(f.name, hints[f.name]) for f in fields(cls) if f.name not in skip}
+
+
+_TASK_COLUMNS = _columns(Task, skip={"env_hash"})
+_TRAJECTORY_COLUMNS = _columns(Trajectory, skip={"task"})
+_JSON = {name for name, typ in (_TASK_COLUMNS | _TRAJECTORY_COLUMNS).items() if typ is None}
+TRAJECTORY_SCHEMA = pa.schema([("step", pa.int64())] + [(name, typ or pa.string()) for name, typ in
+                                                         (_TASK_COLUMNS | _TRAJECTORY_COLUMNS).items()])
+
+
+def _jsonable(value: Any) -> Any:
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else str(value)
 
 
 def trajectory_row(t: Trajectory, step: int) -> dict[str, Any]:
-    task = t.task
-    return {
-        "step": step, "group_id": t.group_id, "env": task.env, "env_hash": t.env_hash or task.env_hash,
-        "task_id": task.task_id, "domain": task.domain, "difficulty": task.difficulty, "seed": task.seed,
-        "prompt": _messages_json(task.prompt), "tools": json.dumps([s.to_json() for s in task.tools]),
-        "payload": json.dumps(task.payload, default=str), "messages": _messages_json(t.messages),
-        "token_ids": t.token_ids, "loss_mask": t.loss_mask, "logprobs": t.logprobs, "prompt_len": t.prompt_len,
-        "policy_version": t.policy_version, "turns": t.turns, "tool_errors": t.tool_errors,
-        "finish_reason": t.finish_reason, "reward": t.reward, "passed": t.passed,
-        "reward_info": json.dumps(t.reward_info, default=str), "status": t.status,
-        "timings": json.dumps(t.timings),
-    }
+    row: dict[str, Any] = {"step": step}
+    for obj, columns in ((t.task, _TASK_COLUMNS), (t, _TRAJECTORY_COLUMNS)):
+        for name in columns:
+            value = getattr(obj, name)
+            row[name] = json.dumps(value, default=_jsonable) if name in _JSON else value
+    row["env_hash"] = t.env_hash or t.task.env_hash
+    return row
 
 
 def trajectory_from_row(r: dict[str, Any]) -> Trajectory:
-    task = Task(env=r["env"], task_id=r["task_id"], domain=r["domain"], difficulty=r["difficulty"],
-                prompt=_messages_from(r["prompt"]), tools=[ToolSpec(**s) for s in json.loads(r["tools"])],
-                payload=json.loads(r["payload"]), seed=r["seed"], env_hash=r["env_hash"])
-    return Trajectory(
-        task=task, messages=_messages_from(r["messages"]), token_ids=list(r["token_ids"]),
-        loss_mask=list(r["loss_mask"]), logprobs=list(r["logprobs"]), prompt_len=r["prompt_len"],
-        policy_version=r["policy_version"], turns=r["turns"], tool_errors=r["tool_errors"],
-        finish_reason=r["finish_reason"], reward=r["reward"], passed=r["passed"],
-        reward_info=json.loads(r["reward_info"]), status=r["status"], env_hash=r["env_hash"],
-        timings=json.loads(r["timings"]), group_id=r["group_id"])
+    def value(name: str) -> Any:
+        if name not in _JSON:
+            return r[name]
+        decoded = json.loads(r[name])
+        return _FROM_JSON[name](decoded) if name in _FROM_JSON else decoded
+
+    task = Task(**{name: value(name) for name in _TASK_COLUMNS}, env_hash=r["env_hash"])
+    return Trajectory(task=task, **{name: value(name) for name in _TRAJECTORY_COLUMNS})
 
 
 class TrajectoryWriter:

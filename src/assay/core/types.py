@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-# Trajectory / Reward status values. Anything but OK is an infrastructure failure:
+# Trajectory / Observation / Reward status. Anything but OK is an infrastructure failure:
 # it is reported apart and never trained on as a (wrong) answer.
-OK = "ok"
-SANDBOX_ERROR = "sandbox_error"
-VERIFIER_ERROR = "verifier_error"
-ROLLOUT_ERROR = "rollout_error"
+Status = Literal["ok", "sandbox_error", "verifier_error", "rollout_error"]
+OK: Status = "ok"
+SANDBOX_ERROR: Status = "sandbox_error"
+VERIFIER_ERROR: Status = "verifier_error"
+ROLLOUT_ERROR: Status = "rollout_error"
+# Why an episode ended ("" while it runs): an answer, a turn cut at max_tokens, the turn limit, the
+# context limit, or an error.
+FinishReason = Literal["", "stop", "length", "max_turns", "context", "error"]
+Role = Literal["system", "user", "assistant", "tool"]
 
 
 @dataclass
@@ -34,7 +39,7 @@ class ToolSpec:
 
 @dataclass
 class Message:
-    role: str  # system | user | assistant | tool
+    role: Role
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     name: str | None = None  # the tool's name on a tool message
@@ -47,14 +52,14 @@ class Observation:
     content: str
     is_error: bool = False  # the call broke the schema or the tool failed
     done: bool = False  # the episode ends after this observation
-    status: str = OK  # infrastructure failure (e.g. sandbox_error), never a reward
+    status: Status = OK  # infrastructure failure (e.g. sandbox_error), never a reward
 
 
 @dataclass
 class Reward:
     score: float
     passed: bool
-    status: str = OK
+    status: Status = OK
     details: dict[str, Any] = field(default_factory=dict)
 
 
@@ -82,11 +87,11 @@ class Trajectory:
     policy_version: int = 0
     turns: int = 0
     tool_errors: int = 0
-    finish_reason: str = ""  # stop | length | max_turns | context | error
+    finish_reason: FinishReason = ""
     reward: float = 0.0
     passed: bool = False
     reward_info: dict[str, Any] = field(default_factory=dict)
-    status: str = OK
+    status: Status = OK
     env_hash: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     group_id: str = ""  # samples of one GRPO group share it
