@@ -91,3 +91,66 @@ def test_reserve_refuses_without_changing_anything_and_reset_forgets_the_cache()
     assert bm.match(list(range(6))).num_tokens == 5
     bm.reset_cache()
     assert bm.match(list(range(6))).num_tokens == 0
+
+
+def _check_invariants(bm, live):
+    refs = {}
+    for s in live:
+        assert len(s.block_table) == len(set(s.block_table)), "a sequence holds a block twice"
+        for b in s.block_table:
+            refs[b] = refs.get(b, 0) + 1
+        bs = bm.block_size
+        for i, b in enumerate(s.block_table[: s.num_computed // bs]):  # full computed blocks hold the tokens
+            blk = bm.blocks[b]
+            assert blk.hash is None or blk.tokens == tuple(s.tokens[i * bs:(i + 1) * bs])
+    for b, blk in enumerate(bm.blocks):
+        assert blk.ref_count == refs.get(b, 0), f"block {b}: ref_count {blk.ref_count}, held {refs.get(b, 0)} times"
+        assert (b in bm.free) == (blk.ref_count == 0)
+    for h, b in bm.by_hash.items():
+        assert bm.blocks[b].hash == h
+    for key, b in bm.by_partial.items():
+        assert bm.blocks[b].partial_key == key and bm.blocks[b].tokens == key[1]
+    assert bm.num_free + len(refs) == len(bm.blocks)
+
+
+def test_reference_counts_and_free_list_hold_under_random_operations():
+    """Random admit / grow / fork / release / reset sequences: after every operation each block's
+    reference count equals the sequences holding it, free blocks are exactly the unreferenced ones,
+    and every index entry points at a block that holds what it claims."""
+    import random
+
+    for trial in range(40):
+        rng = random.Random(trial)
+        bm = BlockManager(rng.randint(6, 24), rng.choice([1, 2, 4]))
+        prefixes = [[rng.randrange(5) for _ in range(rng.randint(1, 12))] for _ in range(3)]
+        live, next_id = [], 0
+        for _ in range(300):
+            op = rng.random()
+            if op < 0.35:  # a new request, often sharing a prefix (or a finished one's whole history)
+                base = rng.choice(prefixes + [s.tokens for s in live][:2])
+                s = seq(base + [rng.randrange(5) for _ in range(rng.randint(1, 6))], next_id)
+                next_id += 1
+                if bm.admit(s) is not None:
+                    bm.computed(s, len(s.tokens) - 1)  # the engine computes all but what it samples next
+                    live.append(s)
+            elif op < 0.6 and live:  # a decode step: one more token
+                s = rng.choice(live)
+                if bm.reserve(s, len(s.tokens) + 1):
+                    s.tokens.append(rng.randrange(5))
+                    bm.computed(s, len(s.tokens) - 1)
+            elif op < 0.75 and live:  # a GRPO sibling forks from a leader
+                leader = rng.choice(live)
+                f = seq(list(leader.tokens), next_id)
+                next_id += 1
+                if bm.fork(leader, f) is not None:
+                    live.append(f)
+            elif op < 0.97 and live:
+                s = live.pop(rng.randrange(len(live)))
+                bm.release(s, keep_partial=rng.random() < 0.7)
+            else:
+                bm.reset_cache()
+            _check_invariants(bm, live)
+        for s in live:
+            bm.release(s, keep_partial=True)
+        _check_invariants(bm, [])
+        assert bm.num_free == len(bm.blocks)
