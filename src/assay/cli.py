@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from assay.core.errors import AssayError
+
+if TYPE_CHECKING:  # imported lazily at run time: the CLI starts fast
+    from assay.core.types import Task
+    from assay.envs.base import Environment
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Assay: RL post-training of LLM agents on verifiable rewards.")
@@ -180,7 +185,8 @@ def env_list() -> None:
 def env_show(spec: Annotated[str, typer.Argument(help="NAME or NAME@VERSION")],
              store: Annotated[Path, typer.Option(help="the QA store")] = Path("envqa")) -> None:
     """Domain, tools, difficulty levels, hash and the last QA result of an environment."""
-    from assay.envs.qa.store import latest
+    from assay.envs.qa.gate import GATE_VERSION
+    from assay.envs.qa.store import gate_version, latest
     from assay.envs.registry import env_hash, env_parts, env_spec, get_env
     from assay.envs.split import SPACE_DRAWS, estimate_space, eval_share
 
@@ -203,7 +209,8 @@ def env_show(spec: Annotated[str, typer.Argument(help="NAME or NAME@VERSION")],
         console.print("  QA: never checked (run assay env check)")
     else:
         verdict = "passed" if rec["passed"] else "failed"
-        console.print(f"  QA: {verdict} for hash {rec['hash']}; gates {rec['gates']}")
+        stale = "" if gate_version(rec) >= GATE_VERSION else f", older than the current v{GATE_VERSION}: re-check it"
+        console.print(f"  QA: {verdict} for hash {rec['hash']} by gate v{gate_version(rec)}{stale}; gates {rec['gates']}")
 
 
 @env_app.command("check")
@@ -249,7 +256,7 @@ def env_check(spec: Annotated[str | None, typer.Argument(help="NAME or NAME@VERS
         raise typer.Exit(1)
 
 
-def _policy_rates(checkpoint: Path, env):  # noqa: ANN001, ANN202 (a closure for run_gate)
+def _policy_rates(checkpoint: Path, env: Environment) -> Callable[[dict[int, list[Task]]], dict[int, list[float]]]:
     """A policy checkpoint's pass rate on each of the gate's tasks (4 samples each), per level."""
     from assay.agent.groups import collect
     from assay.core.config import DifficultyRange, DomainConfig, RolloutConfig
@@ -262,7 +269,7 @@ def _policy_rates(checkpoint: Path, env):  # noqa: ANN001, ANN202 (a closure for
     domain = DomainConfig(name=env.domain, env=env.name, max_turns=8,
                           difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
 
-    def rates(tasks):  # noqa: ANN001, ANN202
+    def rates(tasks: dict[int, list[Task]]) -> dict[int, list[float]]:
         out = {}
         for level, level_tasks in tasks.items():
             trajs = collect(backend, tokenizer, {env.domain: env}, {env.domain: domain}, level_tasks, samples=4,
@@ -304,6 +311,26 @@ def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, 
     if out is not None:
         out.write_text(json.dumps({"meta": meta, "rows": [{**vars(r), "tokens_per_s": r.tokens_per_s} for r in rows]},
                                   indent=1))
+
+
+@bench_app.command("learning")
+def bench_learning(overrides: Overrides = None,
+                   seeds: Annotated[int, typer.Option(help="quickstart runs, config seeds 0..N-1")] = 3,
+                   jobs: Annotated[int, typer.Option(help="runs side by side (each then on one torch thread)")] = 1,
+                   threads: Annotated[int, typer.Option(help="torch threads per run (0: the config's)")] = 0,
+                   run_dir: Annotated[Path, typer.Option(help="where the runs go")] = Path("runs"),
+                   name: Annotated[str, typer.Option(help="runs are NAME_s0, NAME_s1, …")] = "learning",
+                   out: Annotated[Path | None, typer.Option(help="also write the tables (markdown) here")] = None) -> None:
+    """The quickstart over several seeds: RL's Δ pass@1 per domain and on average, mean ± sd over seeds."""
+    from assay.bench.learning import run_learning_bench
+    from assay.core.errors import ConfigError
+
+    if seeds < 1 or jobs < 1 or threads < 0:
+        raise ConfigError("--seeds and --jobs must be at least 1, --threads at least 0")
+    text, _ = run_learning_bench(seeds, name, run_dir, overrides or [], jobs, threads, log=console.print)
+    print(text)
+    if out is not None:
+        out.write_text(text)
 
 
 def main() -> None:

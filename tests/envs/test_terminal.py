@@ -264,7 +264,7 @@ def test_tool_calls_and_observations(tasks):
     assert after.is_error and "over" in after.content
 
 
-@pytest.mark.skipif(not ISOLATED, reason="only the namespace sandbox guarantees that no process outlives a call")
+@pytest.mark.usefixtures("isolated")  # only the namespace sandbox guarantees that no process outlives a call
 def test_no_process_outlives_the_episode(env, tasks, play):
     marker = "7.3217"
     command = f"(sleep {marker} &); setsid sleep {marker} & nohup sleep {marker} >/dev/null 2>&1 & echo started"
@@ -294,10 +294,10 @@ class _BrokenSandbox:
 
     closed = False
 
-    def exec(self, cmd, stdin=None, timeout=None):  # noqa: ANN001, ANN201
+    def exec(self, cmd, stdin=None, timeout=None):
         return ExecResult("", "[sandbox] launcher died", -1, 0.0, "sandbox_error")
 
-    def snapshot(self):  # noqa: ANN201
+    def snapshot(self):
         raise SandboxError("launcher died")
 
     def close(self) -> None:

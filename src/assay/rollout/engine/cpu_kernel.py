@@ -71,7 +71,7 @@ def _library() -> ctypes.CDLL | None:
         return None
     try:
         lib = ctypes.CDLL(str(_build()))
-    except Exception as e:  # noqa: BLE001 - no build problem may stop the engine: it has the PyTorch path
+    except Exception as e:  # no build problem may stop the engine: it has the PyTorch path
         log.warning("the C attention kernel is unavailable (%s: %s); the engine uses the PyTorch path",
                     type(e).__name__, e)
         return None
