@@ -1,13 +1,25 @@
 """Suite-wide set-up: one torch thread (tests use tiny models), and a clear word when this host
 cannot isolate code. Then the sandbox tests skip themselves and the environments' graders run
-the test suite's own, trusted programs (references and cheater strategies) without isolation."""
+the test suite's own, trusted programs (references and cheater strategies) without isolation.
 
+Where ASSAY_REQUIRE_SANDBOX=1 (CI sets it: it runs as root, so it can isolate), a test skipped for
+want of isolation fails instead: such a skip says NO_SANDBOX, wherever it comes from."""
+
+import os
 import warnings
+from collections.abc import Mapping
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+REQUIRE = "ASSAY_REQUIRE_SANDBOX"
+NO_SANDBOX = "the namespace sandbox cannot run on this host"
+
+
+def sandbox_required(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(REQUIRE, "0").strip() not in ("", "0")
 
 
 def pytest_configure(config):
@@ -15,7 +27,8 @@ def pytest_configure(config):
 
     problem = isolation_problem()
     if problem is not None:
-        warnings.warn(f"no sandbox on this host ({problem}); sandbox tests skip, graders run unisolated", stacklevel=1)
+        then = "the tests that need it fail" if sandbox_required() else "sandbox tests skip"
+        warnings.warn(f"no sandbox on this host ({problem}); {then}, graders run unisolated", stacklevel=1)
         allow_unsafe_sandbox()
 
 
@@ -26,4 +39,19 @@ def isolated() -> None:
 
     problem = isolation_problem()
     if problem is not None:
-        pytest.skip(f"the namespace sandbox cannot run on this host: {problem}")
+        pytest.skip(f"{NO_SANDBOX}: {problem}")
+
+
+def require_sandbox(report: pytest.TestReport, environ: Mapping[str, str]) -> None:
+    """Turn a skip for want of isolation into a failure where the sandbox is required."""
+    if report.skipped and isinstance(report.longrepr, tuple) and NO_SANDBOX in report.longrepr[2] \
+            and sandbox_required(environ):
+        report.outcome = "failed"
+        report.longrepr = f"{REQUIRE}=1, but {report.longrepr[2].removeprefix('Skipped: ')}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    require_sandbox(report, os.environ)
+    return report

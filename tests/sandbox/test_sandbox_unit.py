@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +122,41 @@ def test_open_sandbox_isolates_where_it_can(isolated: None) -> None:
         assert isinstance(s, sandbox_pkg.NamespaceSandbox)
     finally:
         s.close()
+
+
+def _root_conftest(config: pytest.Config) -> object:
+    path = str(Path(__file__).resolve().parents[1] / "conftest.py")
+    return next(p for p in config.pluginmanager.get_plugins() if getattr(p, "__file__", None) == path)
+
+
+@pytest.mark.parametrize("value,fails", [(None, False), ("", False), ("0", False), ("1", True), ("yes", True)])
+def test_a_skip_for_want_of_a_sandbox_fails_where_one_is_required(pytestconfig: pytest.Config, value: str | None,
+                                                                   fails: bool) -> None:
+    conftest = _root_conftest(pytestconfig)
+    environ = {} if value is None else {"ASSAY_REQUIRE_SANDBOX": value}
+
+    def skipped(reason: str) -> pytest.TestReport:
+        report = pytest.TestReport("t.py::t", ("t.py", 1, "t"), {}, "skipped", ("t.py", 1, f"Skipped: {reason}"),
+                                   "setup")
+        conftest.require_sandbox(report, environ)
+        return report
+
+    no_sandbox = skipped(f"{conftest.NO_SANDBOX}: unshare: Operation not permitted")
+    assert no_sandbox.failed is fails and no_sandbox.skipped is not fails
+    if fails:
+        assert "ASSAY_REQUIRE_SANDBOX=1, but the namespace sandbox cannot run" in str(no_sandbox.longrepr)
+    assert skipped("no C compiler: only the PyTorch path exists here").skipped  # other skips stay skips
+
+
+def test_the_suite_fails_without_a_sandbox_where_one_is_required(tmp_path: Path) -> None:
+    """End to end: with ASSAY_REQUIRE_SANDBOX=1, a pytest run on a host made to look unable to isolate fails a test
+    that needs isolation (elsewhere it skips: see above)."""
+    (tmp_path / "no_sandbox_here.py").write_text("import assay.sandbox\n"
+                                                 "assay.sandbox._state['problem'] = 'unshare: Operation not permitted'\n")
+    env = dict(os.environ, ASSAY_REQUIRE_SANDBOX="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    test = f"{__file__}::test_open_sandbox_isolates_where_it_can"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no_sandbox_here", "-p", "no:cacheprovider",
+                          test], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "1 error" in run.stdout, run.stdout + run.stderr
+    assert "ASSAY_REQUIRE_SANDBOX=1, but the namespace sandbox cannot run on this host: unshare" in run.stdout

@@ -27,7 +27,7 @@ def test_builtin_environments_pass_the_gate(name):
     assert all(s["reference"] == 1.0 for s in report.levels.values())
     if isolation_problem() is not None and report.kind != "answer":  # hostile programs never run unisolated
         assert report.skipped and not report.cheaters and not report.passed
-        return
+        pytest.skip(f"the namespace sandbox cannot run on this host: {isolation_problem()}")
     assert report.passed and report.cheaters and all(c["passed"] == 0 for c in report.cheaters.values())
 
 
