@@ -1,8 +1,8 @@
 """One sandboxed run, served by a worker the launcher forks ahead of demand as pid 1 of a fresh PID namespace.
 
 Staged (before any request): new mount/IPC/UTS namespaces, its own /proc, the read-only root prepared. Then it
-takes one request straight from the host's socket: joins the sandbox's network namespace and cgroup, mounts
-the overlay workspace and a private /tmp, pivots into the read-only root, becomes an unprivileged uid in a new
+takes one request straight from the host's socket: joins the sandbox's network and cgroup namespaces and its
+cgroup, mounts the overlay workspace and a private /tmp, pivots into the read-only root, becomes an unprivileged uid in a new
 user namespace, drops every capability, loads seccomp, writes the requested files, spawns the command, copies
 its output (capped), kills everything at the deadline, reads files back and answers.
 
