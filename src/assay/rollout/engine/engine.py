@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -44,7 +44,21 @@ class EngineConfig:
     speculative_ngram: int = 3  # longest n-gram looked up for a draft
 
 
+ResultCallback = Callable[[int, list[GenResult]], None]
+
+
+@dataclass
+class _Request:
+    group: list[Sequence]
+    on_done: ResultCallback | None
+
+
 class Engine:
+    """One scheduler for the engine's lifetime: `add_requests` admits requests at any time (they join
+    the running batch at the next step), `step` runs one batched forward and returns the requests
+    that finished in it (and hands each to its callback), `abort` drops one. `generate` is the
+    blocking RolloutBackend call built on them."""
+
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None,
                  config: EngineConfig | None = None) -> None:
         self.config = cfg = config or EngineConfig()
@@ -57,55 +71,122 @@ class Engine:
         self.model = PagedModel(model, num_blocks, cfg.block_size)
         self.runner = ModelRunner(self.model)
         self.blocks = BlockManager(num_blocks, cfg.block_size)
+        self.sched = Scheduler(self.blocks, cfg.max_batched_tokens, cfg.max_seqs)
         self.tokenizer = tokenizer
         self.version = 0
         self.default_stop = _default_stop(model, tokenizer)
         self.last_stats: dict[str, float] = {}  # of the last generate call
-        self.totals: Counter[str] = Counter()  # summed over calls until take_stats
+        self.totals: Counter[str] = Counter()  # summed over steps until take_stats
         self.spec_counts: Counter[str] = Counter()  # draft tokens proposed and accepted
+        self._requests: dict[int, _Request] = {}
+        self._next_request = self._next_seq = 0
+        self._ended: set[int] = set()  # requests with a sequence that finished in the current step
+
+    # -- online API -----------------------------------------------------------------------------
+
+    def add_requests(self, requests: Seq[GenRequest], on_done: ResultCallback | None = None) -> list[int]:
+        """Queue requests; returns their ids. Identical prompts among them are prefilled once, and
+        sequences that share a seed among them draw distinct streams (give requests added in separate
+        calls distinct seeds). `on_done(request_id, results)` is called as each request finishes."""
+        for r in requests:
+            check_request(r)
+            self._check_fits(r)
+        ids = []
+        for group in self._sequences(requests):
+            rid = self._next_request
+            self._next_request += 1
+            for seq in group:
+                seq.request = rid
+                if seq.leader is None:
+                    self.sched.add(seq)
+            self._requests[rid] = _Request(group, on_done)
+            self.totals["prompt_tokens"] += sum(s.num_prompt for s in group)
+            ids.append(rid)
+        return ids
+
+    def add_request(self, request: GenRequest, on_done: ResultCallback | None = None) -> int:
+        return self.add_requests([request], on_done)[0]
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def step(self) -> list[tuple[int, list[GenResult]]]:
+        """One batched forward over the running sequences; the requests it finished, with results."""
+        if self.sched.idle:
+            return []
+        t0 = time.perf_counter()
+        cached, preempted = self.sched.cached_tokens, self.sched.preemptions
+        was_training = self.model.hf.training
+        self.model.hf.eval()
+        try:
+            computed = self._step(self.sched)
+        finally:
+            self.model.hf.train(was_training)
+        done = []
+        for rid in sorted(self._ended):
+            req = self._requests[rid]
+            if all(s.status is Status.FINISHED for s in req.group):
+                del self._requests[rid]
+                results = [GenResult(s.completion, s.logprobs, s.finish_reason, self.version) for s in req.group]
+                self.totals["tokens"] += sum(len(r.token_ids) for r in results)
+                done.append((rid, results))
+                if req.on_done is not None:
+                    req.on_done(rid, results)
+        self._ended.clear()
+        self.totals.update(generate_s=time.perf_counter() - t0, computed_tokens=computed, steps=1,
+                           cached_prompt_tokens=self.sched.cached_tokens - cached,
+                           preemptions=self.sched.preemptions - preempted)
+        return done
+
+    def abort(self, request_id: int) -> None:
+        """Drop a request: its sequences stop and free their blocks. Unknown or finished ids are ignored."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return
+        for seq in req.group:
+            if seq.status is Status.FINISHED:
+                continue
+            if seq in self.sched.waiting:
+                self.sched.waiting.remove(seq)
+            elif seq in self.sched.running:
+                self.sched.running.remove(seq)
+            if seq.leader is not None and seq in seq.leader.followers:
+                seq.leader.followers.remove(seq)
+            for f in seq.followers:  # another request's sequence waiting on this prefill prefills itself
+                if f.request != request_id:
+                    f.leader = None
+                    self.sched.add(f, front=True)
+            seq.followers = []
+            if seq.block_table:
+                self.blocks.release(seq, keep_partial=False)
+            seq.status, seq.finish_reason = Status.FINISHED, "abort"
 
     # -- RolloutBackend -------------------------------------------------------------------------
 
     def generate(self, requests: Seq[GenRequest]) -> list[list[GenResult]]:
-        t0 = time.perf_counter()
-        for r in requests:
-            check_request(r)
-            self._check_fits(r)
-        sched = Scheduler(self.blocks, self.config.max_batched_tokens, self.config.max_seqs)
-        seqs = self._sequences(requests)
-        for group in seqs:
-            for seq in group:
-                if seq.leader is None:
-                    sched.add(seq)
-        steps = computed = 0
-        was_training = self.model.hf.training
-        self.model.hf.eval()
+        before = Counter(self.totals)
+        ids = self.add_requests(requests)
+        results: dict[int, list[GenResult]] = {}
         try:
-            while not sched.idle:
-                computed += self._step(sched)
-                steps += 1
+            while len(results) < len(ids):
+                results.update(self.step())
+                if self.sched.idle and len(results) < len(ids):
+                    raise AssayError("engine: requests left unfinished with nothing scheduled (an engine bug)")
         finally:
-            self.model.hf.train(was_training)
-            for group in seqs:  # after a failure, no block stays held by a sequence nobody will finish
-                for seq in group:
-                    if seq.block_table:
-                        self.blocks.release(seq, keep_partial=False)
-        prompt_tokens = sum(s.num_prompt for g in seqs for s in g)
-        generated = sum(len(s.completion) for g in seqs for s in g)
-        self.last_stats = {
-            "generate_s": time.perf_counter() - t0, "tokens": float(generated), "prompt_tokens": float(prompt_tokens),
-            "cached_prompt_tokens": float(sched.cached_tokens), "computed_tokens": float(computed),
-            "prefix_hit_rate": sched.cached_tokens / max(prompt_tokens, 1), "steps": float(steps),
-            "preemptions": float(sched.preemptions),
-            "draft_proposed": float(self.spec_counts["proposed"]), "draft_accepted": float(self.spec_counts["accepted"]),
-        }
+            for rid in ids:  # after a failure, no block stays held by a sequence nobody will finish
+                self.abort(rid)
+        stats = {k: self.totals[k] - before[k] for k in self.totals}
+        stats["prefix_hit_rate"] = stats.get("cached_prompt_tokens", 0.0) / max(stats.get("prompt_tokens", 0.0), 1.0)
+        stats["draft_proposed"] = float(self.spec_counts["proposed"])
+        stats["draft_accepted"] = float(self.spec_counts["accepted"])
         self.spec_counts.clear()
-        self.totals.update({k: v for k, v in self.last_stats.items() if k != "prefix_hit_rate"})
-        return [[GenResult(s.completion, s.logprobs, s.finish_reason, self.version) for s in g] for g in seqs]
+        self.last_stats = {k: float(v) for k, v in stats.items()}
+        return [results[rid] for rid in ids]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         """Copy new weights in place (nothing is reallocated) and drop the prefix cache, whose K/V
-        belong to the old weights."""
+        belong to the old weights. Sequences still running continue under the new weights."""
         t0 = time.perf_counter()
         copy_weights(self.model.hf, named_tensors)
         self.blocks.reset_cache()
@@ -126,7 +207,6 @@ class Engine:
         leaders: dict[tuple[int, ...], Sequence] = {}
         seed_uses: dict[int, int] = {}
         out: list[list[Sequence]] = []
-        next_id = 0
         for r in requests:
             group = []
             stop = frozenset(r.params.stop_token_ids or self.default_stop)
@@ -136,8 +216,8 @@ class Engine:
                     k = seed_uses[r.params.seed] = seed_uses.get(r.params.seed, -1) + 1
                     hi, lo = np.random.SeedSequence([r.params.seed, k]).generate_state(2, dtype=np.uint32)
                     stream = int(hi) << 32 | int(lo)
-                seq = Sequence(next_id, list(r.prompt_ids), len(r.prompt_ids), r.params, stop, stream)
-                next_id += 1
+                seq = Sequence(self._next_seq, list(r.prompt_ids), len(r.prompt_ids), r.params, stop, stream)
+                self._next_seq += 1
                 key = tuple(r.prompt_ids)
                 if key in leaders:
                     seq.leader = leaders[key]
@@ -253,6 +333,7 @@ class Engine:
             seq.finish_reason = reason
             sched.finish(seq)
             self.blocks.release(seq, keep_partial=True)
+            self._ended.add(seq.request)
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str:
         if tok in seq.stop_ids:

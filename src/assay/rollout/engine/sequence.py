@@ -32,6 +32,7 @@ class Sequence:
     leader: Sequence | None = None
     followers: list[Sequence] = field(default_factory=list)
     admitted: bool = False  # prompt-cache accounting happens once, not again after a preemption
+    request: int = -1  # the engine request it belongs to
 
     @property
     def num_uncomputed(self) -> int:
