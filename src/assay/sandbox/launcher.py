@@ -241,21 +241,26 @@ def main(run_dir: str) -> None:
     idle: dict[int, int] = {}  # pid -> pidfd of the workers staged and waiting
 
     def spawn_worker() -> None:
-        kernel.unshare(kernel.CLONE_NEWPID)  # our next child is pid 1 of a new PID namespace...
-        try:
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    ctl_sock.detach()  # (closed below, with the rest: e.g. other sandboxes' netns)
-                    _close_fds_but(0, 1, 2, exec_sock.fileno(), notify_w)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    os.nice(STAGING_NICE)
-                    jail.worker(exec_sock, notify_w, me)
-                finally:
-                    os._exit(0)
-        finally:
-            kernel.setns(own_pidns, kernel.CLONE_NEWPID)  # ...and the one after that of another
-        idle[pid] = os.pidfd_open(pid)
+        while True:
+            kernel.unshare(kernel.CLONE_NEWPID)  # our next child is pid 1 of a new PID namespace...
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        ctl_sock.detach()  # (closed below, with the rest: e.g. other sandboxes' netns)
+                        _close_fds_but(0, 1, 2, exec_sock.fileno(), notify_w)
+                        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                        os.nice(STAGING_NICE)
+                        jail.worker(exec_sock, notify_w, me)
+                    finally:
+                        os._exit(0)
+            finally:
+                kernel.setns(own_pidns, kernel.CLONE_NEWPID)  # ...and the one after that of another
+            try:
+                idle[pid] = os.pidfd_open(pid)
+                break
+            except ProcessLookupError:  # on a busy host it can take a request, serve it and be reaped first
+                continue  # (its pid, when it comes through notify, is no idle worker's): stage another
         poller.register(idle[pid], select.POLLIN)
 
     def retire(pid: int) -> None:
