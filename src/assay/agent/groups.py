@@ -7,33 +7,51 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from assay.agent.loop import run_episodes
+from assay.agent.loop import EpisodeJob, run_episodes, run_episodes_online
 from assay.core.config import DomainConfig
+from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
 from assay.rollout.base import RolloutBackend, SamplingParams
+from assay.rollout.engine import Engine
 
 
 def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment], domains: dict[str, DomainConfig],
             tasks: Sequence[Task], samples: int | None, temperature: float, top_p: float = 1.0, top_k: int = 0,
-            policy_version: int = 0, seed: int | None = None, group_prefix: str = "") -> list[Trajectory]:
+            policy_version: int = 0, seed: int | None = None, group_prefix: str = "",
+            online: bool = False) -> list[Trajectory]:
     """`samples` per task (None: each domain's group_size). Returns trajectories in task order,
-    a group's samples together, each group sharing a `group_id`."""
+    a group's samples together, each group sharing a `group_id`. Without `online`, the agent loop runs
+    per domain, every episode of a domain taking its turns in lockstep; with it (the engine only),
+    the episodes of every domain share one batch and each advances on its own."""
     by_domain: dict[str, list[tuple[int, Task]]] = defaultdict(list)
     for i, task in enumerate(tasks):
         by_domain[task.domain].append((i, task))
-    results: dict[int, list[Trajectory]] = {}
+    jobs: dict[str, list[EpisodeJob]] = {}
     for name, items in by_domain.items():
         dom = domains[name]
         n = samples or dom.group_size
-        episodes = [(task, envs[name].start(task, None)) for _, task in items for _ in range(n)]
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=dom.max_new_tokens,
                                 stop_token_ids=stop_token_ids(tokenizer), seed=seed)
-        trajs = run_episodes(backend, episodes, tokenizer, params, max_turns=dom.max_turns,
-                             max_context=dom.max_context, policy_version=policy_version)
+        episodes = [task for _, task in items for _ in range(n)]
+        jobs[name] = [EpisodeJob(task, envs[name].start(task, None), params, dom.max_turns, dom.max_context, k)
+                      for k, task in enumerate(episodes)]
+    if online:
+        if not isinstance(backend, Engine):
+            raise AssayError("rollout.online needs the native engine (rollout.backend: engine)")
+        flat = run_episodes_online(backend, [j for js in jobs.values() for j in js], tokenizer, policy_version)
+        done, start = {}, 0
+        for name, js in jobs.items():
+            done[name], start = flat[start:start + len(js)], start + len(js)
+    else:
+        done = {name: run_episodes(backend, [(j.task, j.episode) for j in js], tokenizer, js[0].params,
+                                   js[0].max_turns, js[0].max_context, policy_version) for name, js in jobs.items()}
+    results: dict[int, list[Trajectory]] = {}
+    for name, items in by_domain.items():
+        n = len(done[name]) // len(items)
         for j, (i, task) in enumerate(items):
-            group = trajs[j * n:(j + 1) * n]
+            group = done[name][j * n:(j + 1) * n]
             for t in group:
                 t.group_id = f"{group_prefix}{i}:{task.task_id}"
             results[i] = group

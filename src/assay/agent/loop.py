@@ -1,7 +1,8 @@
 """The multi-turn agent loop: a backend and episodes in, token-exact trajectories out.
 
-All unfinished episodes advance together, one backend.generate call per turn. The sampled ids
-are kept as sampled (never re-tokenized); tool results are appended as ids from agent.render,
+`run_episodes` advances all unfinished episodes together, one backend.generate call per turn;
+`run_episodes_online` lets each advance on its own through the engine's online API. The sampled
+ids are kept as sampled (never re-tokenized); tool results are appended as ids from agent.render,
 the same layout SFT trains on.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
@@ -32,18 +33,32 @@ from assay.core.types import (
 from assay.envs.base import Episode
 from assay.envs.tools import validate_call
 from assay.rollout.base import GenRequest, GenResult, RolloutBackend, SamplingParams
+from assay.rollout.engine import Engine
 
 VERIFY_WORKERS = 4  # episodes verified at once (a codegen verification is a sandboxed run)
+TOOL_WORKERS = 4  # tool calls run at once while the engine generates (online loop)
+
+
+@dataclass
+class EpisodeJob:
+    """One episode to act out, with its domain's limits."""
+
+    task: Task
+    episode: Episode
+    params: SamplingParams  # per turn; seed + turn number seeds each turn
+    max_turns: int
+    max_context: int
+    stream: int  # which of the seed's random streams its samples draw: its index in its batch
 
 
 @dataclass
 class _Run:
-    task: Task
-    episode: Episode
+    job: EpisodeJob
     ids: list[int]
     messages: list[Message]
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    prompt_len: int = 0
     turns: int = 0
     tool_errors: int = 0
     finish: FinishReason = ""  # set when the episode stops acting
@@ -68,6 +83,7 @@ def run_episodes(
     policy_version: int = 0,
 ) -> list[Trajectory]:
     """Act out every (task, episode) to the end and verify it; one trajectory per item, in order.
+    All unfinished episodes take their next turn together, in one backend call.
 
     An episode ends on an answer (a turn without tool calls, or a tool result with done: "stop"),
     after max_turns assistant turns ("max_turns"), on a turn cut at max_tokens ("length"), or when
@@ -77,57 +93,103 @@ def run_episodes(
     Trajectory.policy_version is the oldest weights version that sampled any of its tokens
     (`policy_version` when nothing was sampled). timings["generate_s"] is the wall time of the batched
     generate calls the episode took part in."""
-    if max_turns < 1 or max_context < 1:
-        raise AssayError(f"run_episodes: max_turns and max_context must be >= 1, got {max_turns}, {max_context}")
-    stop = list(params.stop_token_ids) or stop_token_ids(tokenizer)
-    runs = []
-    for task, episode in items:
-        ids = prompt_ids(tokenizer, task)
-        run = _Run(task, episode, [], list(task.prompt))
-        run.append(ids, sampled=False)
-        if len(ids) >= max_context:
-            run.finish = "context"
-        runs.append(run)
-    prompt_lens = [len(r.ids) for r in runs]
-
-    turn = 0
+    runs = [_start(EpisodeJob(task, episode, params, max_turns, max_context, i), tokenizer)
+            for i, (task, episode) in enumerate(items)]
     while active := [r for r in runs if not r.finish]:
-        seed = None if params.seed is None else params.seed + turn  # turns must not replay one RNG stream
-        reqs = [
-            GenRequest(list(r.ids), replace(params, max_tokens=min(params.max_tokens, max_context - len(r.ids)),
-                                            stop_token_ids=stop, seed=seed))
-            for r in active
-        ]
+        reqs = [_request(r) for r in active]
         t0 = time.perf_counter()
         results = backend.generate(reqs)
         dt = time.perf_counter() - t0
         if len(results) != len(reqs) or any(len(res) != 1 for res in results):
             raise AssayError("run_episodes: the backend must return exactly one result per request (n=1)")
-        for r, req, res in zip(active, reqs, results, strict=True):
+        for r, res in zip(active, results, strict=True):
             r.timings["generate_s"] += dt
-            _take_turn(r, res[0], req.params.max_tokens < params.max_tokens, tokenizer, stop, max_turns, max_context)
-        turn += 1
-
+            _take_turn(r, res[0], tokenizer)
     # Verification is independent per episode and mostly waits on sandboxes: run it concurrently.
     with ThreadPoolExecutor(max_workers=min(VERIFY_WORKERS, len(runs)) or 1) as pool:
-        return list(pool.map(lambda rp: _finish(rp[0], rp[1], policy_version), zip(runs, prompt_lens, strict=True)))
+        return list(pool.map(lambda r: _finish(r, policy_version), runs))
 
 
-def _take_turn(
-    r: _Run,
-    res: GenResult,
-    room_limited: bool,
+def run_episodes_online(
+    engine: Engine,
+    jobs: Sequence[EpisodeJob],
     tokenizer: PreTrainedTokenizerBase,
-    stop: list[int],
-    max_turns: int,
-    max_context: int,
-) -> None:
+    policy_version: int = 0,
+    tool_workers: int = TOOL_WORKERS,
+) -> list[Trajectory]:
+    """`run_episodes` with every episode advancing on its own: as soon as its turn's tokens come back,
+    its tool calls run on a worker thread while the engine keeps generating for the others, its next
+    turn joins the running batch, and a finished episode is verified on the verifier pool at once.
+    Jobs of several domains (each with its own limits) share one batch. A job's samples depend only
+    on its seed, turn and stream, so the trajectories are those of `run_episodes` on the same jobs.
+    timings["generate_s"] is the time from a turn's submission to its last token."""
+    runs = [_start(job, tokenizer) for job in jobs]
+    out: list[Trajectory | None] = [None] * len(runs)
+    in_engine: dict[int, tuple[int, float]] = {}  # request id -> (run, submitted at)
+    acting: dict[Future[None], int] = {}
+    verifying: dict[Future[Trajectory], int] = {}
+    with ThreadPoolExecutor(tool_workers) as tools, ThreadPoolExecutor(VERIFY_WORKERS) as verifiers:
+
+        def advance(i: int) -> None:
+            if runs[i].finish:
+                verifying[verifiers.submit(_finish, runs[i], policy_version)] = i
+            else:
+                in_engine[engine.add_request(_request(runs[i]))] = (i, time.perf_counter())
+
+        try:
+            for i in range(len(runs)):
+                advance(i)
+            while in_engine or acting or verifying:
+                if in_engine:
+                    for rid, results in engine.step():
+                        i, t0 = in_engine.pop(rid)
+                        runs[i].timings["generate_s"] += time.perf_counter() - t0
+                        acting[tools.submit(_take_turn, runs[i], results[0], tokenizer)] = i
+                else:  # nothing to generate: wait for a tool call or a verification
+                    wait([*acting, *verifying], return_when=FIRST_COMPLETED)
+                for fut in [f for f in acting if f.done()]:
+                    fut.result()  # _take_turn turns environment failures into statuses; anything else is a bug
+                    advance(acting.pop(fut))
+                for fut in [f for f in verifying if f.done()]:
+                    out[verifying.pop(fut)] = fut.result()
+        finally:
+            for rid in in_engine:  # after a failure, nothing stays in the engine's batch
+                engine.abort(rid)
+    return [t for t in out if t is not None]
+
+
+def _start(job: EpisodeJob, tokenizer: PreTrainedTokenizerBase) -> _Run:
+    if job.max_turns < 1 or job.max_context < 1:
+        raise AssayError(f"run_episodes: max_turns and max_context must be >= 1, got {job.max_turns}, "
+                         f"{job.max_context}")
+    if not job.params.stop_token_ids:
+        job = replace(job, params=replace(job.params, stop_token_ids=stop_token_ids(tokenizer)))
+    ids = prompt_ids(tokenizer, job.task)
+    r = _Run(job, [], list(job.task.prompt), prompt_len=len(ids))
+    r.append(ids, sampled=False)
+    if len(ids) >= job.max_context:
+        r.finish = "context"
+    return r
+
+
+def _request(r: _Run) -> GenRequest:
+    """The episode's next turn: seeded by turn (turns must not replay one random stream), cut to the
+    room left in its context."""
+    p = r.job.params
+    seed = None if p.seed is None else p.seed + r.turns
+    return GenRequest(list(r.ids), replace(p, max_tokens=min(p.max_tokens, r.job.max_context - len(r.ids)), seed=seed),
+                      stream=r.job.stream)
+
+
+def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> None:
+    job = r.job
+    room_limited = job.max_context - len(r.ids) < job.params.max_tokens
     r.turns += 1
     r.versions.append(res.policy_version)
     if len(res.logprobs) != len(res.token_ids):
         raise AssayError("run_episodes: the backend returned logprobs and token ids of different lengths")
     r.append(res.token_ids, sampled=True, logprobs=res.logprobs)
-    stopped = res.finish_reason == "stop" and bool(res.token_ids) and res.token_ids[-1] in stop
+    stopped = res.finish_reason == "stop" and bool(res.token_ids) and res.token_ids[-1] in job.params.stop_token_ids
     text = tokenizer.decode(res.token_ids[:-1] if stopped else res.token_ids, skip_special_tokens=False)
     content, calls, err = parse_assistant(text)
     r.messages.append(Message("assistant", content, calls))
@@ -142,13 +204,13 @@ def _take_turn(
     if err is not None:
         observations.append((None, Observation(f"error: {err}", is_error=True)))
     for call in calls:
-        bad = validate_call(call, r.task.tools)
+        bad = validate_call(call, job.task.tools)
         if bad is not None:
             obs = Observation(f"error: {bad}", is_error=True)
         else:
             t0 = time.perf_counter()
             try:
-                obs = r.episode.step(call)
+                obs = job.episode.step(call)
             except Exception as e:  # an environment bug must not take the whole batch down
                 obs = Observation("", status=ROLLOUT_ERROR)
                 r.error = f"episode.step raised {type(e).__name__}: {e}"
@@ -167,22 +229,22 @@ def _take_turn(
     if last.done:
         r.finish = "stop"
         return
-    if r.turns >= max_turns:
+    if r.turns >= job.max_turns:
         r.finish = "max_turns"
         return
     obs_ids = observation_ids(tokenizer, [o.content for _, o in observations])
-    if len(r.ids) + len(obs_ids) >= max_context:  # no room left to sample even one token after it
+    if len(r.ids) + len(obs_ids) >= job.max_context:  # no room left to sample even one token after it
         r.finish = "context"
         return
     r.append(obs_ids, sampled=False)
 
 
-def _finish(r: _Run, prompt_len: int, policy_version: int) -> Trajectory:
+def _finish(r: _Run, policy_version: int) -> Trajectory:
     reward, passed, info = 0.0, False, {}
     if r.status == OK:
         t0 = time.perf_counter()
         try:
-            rw = r.episode.verify(r.messages)
+            rw = r.job.episode.verify(r.messages)
             reward, passed, info = rw.score, rw.passed, dict(rw.details)
             if rw.status != OK:
                 r.status, reward, passed = rw.status, 0.0, False
@@ -192,12 +254,12 @@ def _finish(r: _Run, prompt_len: int, policy_version: int) -> Trajectory:
     if r.error:
         info["error"] = r.error
     return Trajectory(
-        task=r.task,
+        task=r.job.task,
         messages=r.messages,
         token_ids=r.ids,
         loss_mask=r.mask,
         logprobs=r.logprobs,
-        prompt_len=prompt_len,
+        prompt_len=r.prompt_len,
         policy_version=min(r.versions) if r.versions else policy_version,
         turns=r.turns,
         tool_errors=r.tool_errors,
@@ -206,6 +268,6 @@ def _finish(r: _Run, prompt_len: int, policy_version: int) -> Trajectory:
         passed=passed,
         reward_info=info,
         status=r.status,
-        env_hash=r.task.env_hash,
+        env_hash=r.job.task.env_hash,
         timings=r.timings,
     )

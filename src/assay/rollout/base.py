@@ -29,6 +29,10 @@ class GenRequest:
     params: SamplingParams
     n: int = 1  # samples of the same prompt (a GRPO group shares its prefix)
     session_id: str | None = None  # multi-turn: the engine may keep this session's KV
+    # Seeded sampling in the engine: the index of the seed's random stream the first sample draws from
+    # (the next samples take the next ones). None: its position among the call's samples of that seed.
+    # Giving it makes a sample independent of which other requests share the call.
+    stream: int | None = None
 
 
 @dataclass

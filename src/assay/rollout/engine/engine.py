@@ -210,10 +210,12 @@ class Engine:
         for r in requests:
             group = []
             stop = frozenset(r.params.stop_token_ids or self.default_stop)
-            for _ in range(r.n):
+            for j in range(r.n):
                 stream = None
                 if r.params.seed is not None:  # the k-th sequence of a seed in this call: its own stream
                     k = seed_uses[r.params.seed] = seed_uses.get(r.params.seed, -1) + 1
+                    if r.stream is not None:
+                        k = r.stream + j
                     hi, lo = np.random.SeedSequence([r.params.seed, k]).generate_state(2, dtype=np.uint32)
                     stream = int(hi) << 32 | int(lo)
                 seq = Sequence(self._next_seq, list(r.prompt_ids), len(r.prompt_ids), r.params, stop, stream)
