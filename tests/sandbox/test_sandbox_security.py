@@ -220,7 +220,7 @@ def test_host_environment_does_not_leak(isolated: None, monkeypatch: pytest.Monk
 
 
 PROC_FILES = ("/proc/1/cmdline", "/proc/1/environ", "/proc/1/cgroup", "/proc/1/mountinfo", "/proc/self/cgroup",
-              "/proc/self/mountinfo", "/proc/self/mounts", "/proc/self/environ", "/proc/self/cmdline")
+              "/proc/self/mountinfo", "/proc/self/mounts", "/proc/self/environ", "/proc/self/cmdline", "/proc/cmdline")
 
 
 def _host_details(sbx: NamespaceSandbox) -> dict[str, str]:
@@ -255,6 +255,7 @@ def test_proc_shows_nothing_of_the_host(sbx: NamespaceSandbox, py) -> None:
     assert not leaks, (leaks, seen)
     assert seen["/proc/1/cmdline"].startswith("/proc/self/exe\0-I\0-S\0-c\0"), seen  # the worker: a bare interpreter
     assert seen["/proc/1/environ"].startswith("unreadable"), seen  # and not ours to read
+    assert seen["/proc/cmdline"] == "", seen  # the kernel's: it can name host paths and a VM's vsock ports
     assert {line.split(":", 2)[2] for line in seen["/proc/self/cgroup"].splitlines()} == {"/"}, seen
     mounts = seen["/proc/self/mountinfo"].splitlines()
     sources = {line.split(" - ")[1].split()[1] for line in mounts}

@@ -103,6 +103,8 @@ def _prestage() -> None:
     kernel.mount(f"{ROOT}/proc/sys", f"{ROOT}/proc/sys", None, kernel.MS_BIND | kernel.MS_REC)
     kernel.mount(None, f"{ROOT}/proc/sys", None,
                  kernel.MS_REMOUNT | kernel.MS_BIND | kernel.MS_RDONLY | _MOUNT_FLAGS | kernel.MS_NOEXEC)
+    # The kernel's command line can name host paths (an initrd's init) and, in a VM, its vsock ports: read empty.
+    kernel.mount(f"{ROOT}/dev/null", f"{ROOT}/proc/cmdline", None, kernel.MS_BIND)
 
 
 def _serve(conn: socket.socket, req: dict, files: list[bytes], launcher_pid: int) -> tuple[dict | None, list]:
