@@ -61,6 +61,7 @@ def test_update_stats_by_hand_and_infra_errors_excluded():
         tool_errors=1.0,
         difficulty=1,
         ratio=0.5,
+        signal_share=1.0,  # one group, rewards 1, 0, 1
     )
     assert stats.domains["b"].n == 0 and stats.domains["b"].pass_rate is None
     assert m.curricula["a"].window == [True, False, True]  # the infra failure never reaches the curriculum
@@ -200,3 +201,13 @@ def test_exact_resume_through_json():
     assert head + tail == full
     assert resumed.state_dict() == straight.state_dict()
     assert any(c.level > 1 for c in straight.curricula.values())  # the run did move the curriculum
+
+
+def test_signal_share_counts_groups_whose_rewards_vary():
+    m = mixer([domain("a")], strategy="static", curriculum_window=8)
+    t = task_of("a")
+    trajs = [traj(t, True, group="g1"), traj(t, False, group="g1"),  # varies
+             traj(t, True, group="g2"), traj(t, True, group="g2"),  # all pass: no signal
+             traj(t, False, group="g3"), traj(t, False, group="g3")]  # all fail: no signal
+    assert m.update(trajs).domains["a"].signal_share == 1 / 3
+    assert m.update([]).domains["a"].signal_share is None

@@ -111,6 +111,7 @@ class SFTConfig(_Strict):
     lr: float = Field(2e-3, gt=0)
     warmup: int = Field(20, ge=0)
     examples_per_domain: int = Field(2000, gt=0)
+    max_level: int | None = Field(None, ge=1)  # SFT only on levels <= this (None: the domain's whole range)
 
 
 class RolloutConfig(_Strict):

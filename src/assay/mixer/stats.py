@@ -24,6 +24,7 @@ class DomainStep:
     tool_errors: float | None  # per trajectory
     difficulty: int  # the curriculum level after this update
     ratio: float  # the sampling share after this update
+    signal_share: float | None = None  # share of GRPO groups whose rewards vary (the others teach nothing)
 
 
 @dataclass
@@ -59,7 +60,15 @@ def summarize(trajs: Sequence[Trajectory], difficulty: int, ratio: float) -> Dom
         tool_errors=mean([float(t.tool_errors) for t in ok]),
         difficulty=difficulty,
         ratio=ratio,
+        signal_share=_signal_share(ok),
     )
+
+
+def _signal_share(ok: Sequence[Trajectory]) -> float | None:
+    groups: dict[str, set[float]] = {}
+    for t in ok:
+        groups.setdefault(t.group_id, set()).add(t.reward)
+    return sum(len(r) > 1 for r in groups.values()) / len(groups) if groups else None
 
 
 def _mean(xs: Sequence[float]) -> float:

@@ -4,15 +4,17 @@ several domains with the adaptive mixer, evaluate again on the same held-out tas
 from __future__ import annotations
 
 import json
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from assay.core.checkpoint import latest_checkpoint
-from assay.core.config import Config, build_config
+from assay.core.config import Config, build_config, load_config
 from assay.core.modeling import load_model
 from assay.core.storage import atomic_write, prepare_run_dir
 from assay.eval.evaluate import DomainEval, evaluate
@@ -54,7 +56,63 @@ def compare(before: dict[str, DomainEval], after: dict[str, DomainEval]) -> list
     return rows
 
 
-def summary_table(rows: list[dict[str, Any]], held_out: bool) -> Table:
+def mean_difference(before: dict[str, DomainEval], after: dict[str, DomainEval], rounds: int = 2000,
+                    seed: int = 0) -> dict[str, float]:
+    """The mean over domains of after − before pass@1, with a 95% bootstrap interval that resamples
+    tasks within each domain (paired: a task's before and after move together)."""
+    rng = np.random.default_rng(seed)
+    value, boot = 0.0, np.zeros(rounds)
+    for name in before:
+        diff = np.array([sum(a) / len(a) - sum(b) / len(b)
+                         for b, a in zip(before[name].passes, after[name].passes, strict=True)], dtype=float)
+        value += diff.mean() / len(before)
+        boot += diff[rng.integers(0, len(diff), size=(rounds, len(diff)))].mean(axis=1) / len(before)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return {"value": float(value), "low": float(low), "high": float(high)}
+
+
+def training_dynamics(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """What RL trained on and what moved, per domain, from the run's trajectories and metrics: the share
+    of groups at each level, and for the first and the last quarter of the steps the training pass rate
+    per level, the share of groups with reward variance (the only ones with a gradient) and the entropy
+    per token; plus how often the curriculum changed level."""
+    import pyarrow.parquet as pq
+
+    cols = ["step", "domain", "difficulty", "group_id", "reward", "passed", "status"]
+    shards = sorted((run_dir / "trajectories").glob("*.parquet"))
+    rows = [r for shard in shards for r in pq.read_table(shard, columns=cols).to_pylist() if r["status"] == "ok"]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = [m for m in metrics if m.get("kind") == "train"]
+    if not rows or not metrics:
+        return {}
+    last = max(r["step"] for r in rows)
+    quarter = max(1, last // 4)
+    phases = {"first": lambda s: s <= quarter, "last": lambda s: s > last - quarter}
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted({r["domain"] for r in rows}):
+        mine = [r for r in rows if r["domain"] == name]
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for r in mine:
+            groups.setdefault(r["group_id"], []).append(r)
+        levels = [g[0]["difficulty"] for g in groups.values()]
+        d: dict[str, Any] = {"groups": len(groups),
+                             "groups_by_level": {lv: levels.count(lv) / len(levels) for lv in sorted(set(levels))}}
+        for phase, inside in phases.items():
+            gs = [g for g in groups.values() if inside(g[0]["step"])]
+            by_level: dict[int, list[bool]] = {}
+            for g in gs:
+                by_level.setdefault(g[0]["difficulty"], []).extend(r["passed"] for r in g)
+            ent = [m[f"entropy/{name}"] for m in metrics if inside(m["step"]) and f"entropy/{name}" in m]
+            d[phase] = {"pass_by_level": {lv: sum(p) / len(p) for lv, p in sorted(by_level.items())},
+                        "signal_share": sum(len({r["reward"] for r in g}) > 1 for g in gs) / len(gs) if gs else None,
+                        "entropy": sum(ent) / len(ent) if ent else None}
+        level_track = [m[f"domain/{name}/difficulty"] for m in metrics if f"domain/{name}/difficulty" in m]
+        d["level_changes"] = sum(a != b for a, b in zip(level_track, level_track[1:]))
+        out[name] = d
+    return out
+
+
+def summary_table(rows: list[dict[str, Any]], held_out: bool, mean: dict[str, float] | None = None) -> Table:
     def ci(e: dict[str, float]) -> str:
         return f"{e['value']:.3f} [{e['low']:.3f}, {e['high']:.3f}]"
 
@@ -64,6 +122,11 @@ def summary_table(rows: list[dict[str, Any]], held_out: bool) -> Table:
         table.add_column(col, justify="left" if col in ("domain", "verdict") else "right")
     for r in rows:
         table.add_row(r["domain"], f"{r['tasks']} × {r['n']}", ci(r["sft"]), ci(r["rl"]), ci(r["delta"]), r["verdict"])
+    if mean is not None:
+        sft = sum(r["sft"]["value"] for r in rows) / len(rows)
+        rl = sum(r["rl"]["value"] for r in rows) / len(rows)
+        verdict = "lift" if mean["low"] > 0 else "regression" if mean["high"] < 0 else "no significant change"
+        table.add_row("mean", "", f"{sft:.3f}", f"{rl:.3f}", ci(mean), verdict)
     return table
 
 
@@ -71,27 +134,43 @@ def run_quickstart(cfg: Config, console: Console | None = None) -> list[dict[str
     console = console or Console()
     run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
     sft_dir = prepare_run_dir(run_dir, "sft")
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[stage], clock = now - clock, now
     console.print(f"[bold]1/5[/] building a tiny {cfg.model.arch} policy and its tokenizer, SFT on reference solutions")
     with RunView("sft", cfg.sft.steps, console=console) as view:
         policy = run_sft(cfg, sft_dir, view)
+    lap("sft")
     console.print("[bold]2/5[/] evaluating the SFT policy on held-out tasks")
     before = evaluate_policy(cfg, policy)
+    lap("eval_sft")
     console.print("   " + "  ".join(f"{name}: pass@1 {r.pass_at[1]}" for name, r in before.items()))
     rl_cfg = cfg.model_copy(deep=True)
     rl_cfg.model.path = str(policy)
+    rl_cfg.threads = load_config(sft_dir / "config.yaml").threads  # the count SFT resolved: one count per run
     console.print(f"[bold]3/5[/] RL: {cfg.train.steps} steps over {', '.join(d.name for d in cfg.domains)}")
     with RunView("rl", cfg.train.steps, console=console) as view:
         pipeline = SyncPipeline(rl_cfg, run_dir)
         pipeline.run(view)
+    lap("rl")
     final = latest_checkpoint(run_dir)
     console.print("[bold]4/5[/] evaluating the RL policy on the same held-out tasks")
     after = evaluate_policy(cfg, final)
+    lap("eval_rl")
+    seconds["total"] = sum(seconds.values())
     rows = compare(before, after)
+    mean = mean_difference(before, after)
     overlap = check_overlap(run_dir, (t for r in before.values() for t in r.task_ids))
-    atomic_write(run_dir / "summary.json", json.dumps({"domains": rows, "held_out": overlap.held_out,
-                                                        "overlap": overlap.describe()}, indent=1))
+    atomic_write(run_dir / "summary.json", json.dumps({"domains": rows, "mean": mean, "held_out": overlap.held_out,
+                                                        "overlap": overlap.describe(), "threads": rl_cfg.threads,
+                                                        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+                                                        "training": training_dynamics(run_dir)}, indent=1))
     console.print("[bold]5/5[/] report")
-    console.print(summary_table(rows, overlap.held_out))
+    console.print(summary_table(rows, overlap.held_out, mean))
     console.print(overlap.describe())
     from assay.eval.report import write_report
 

@@ -20,11 +20,15 @@ from assay.train.sft import sft_train
 
 def sft_tasks(cfg: Config, envs: dict[str, Environment]) -> dict[str, list[Task]]:
     """Per domain, the tasks SFT trains on: training-partition tasks over every level in the domain's
-    range, a pure function of the config (so a run's SFT data can be re-derived to check for overlap)."""
+    range (capped at `sft.max_level` when set, so RL's curriculum has harder levels left to open), a
+    pure function of the config (so a run's SFT data can be re-derived to check for overlap)."""
     tasks = {}
+    cap = cfg.sft.max_level
     for dom in cfg.domains:
         env = envs[dom.name]
         levels = dom.difficulty.levels(env.difficulties)
+        if cap is not None:
+            levels = [lv for lv in levels if lv <= cap] or levels[:1]
         rng = random.Random(f"sft:{cfg.seed}:{dom.name}")
         tasks[dom.name] = [draw_task(env, rng, levels[i % len(levels)], "train")
                            for i in range(cfg.sft.examples_per_domain)]
@@ -39,10 +43,10 @@ def build_examples(cfg: Config, envs: dict[str, Environment], tokenizer: Any) ->
 
 def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
     """Builds (or loads) the policy, trains it on reference solutions, saves it to run_dir/policy."""
-    atomic_write(run_dir / "config.yaml", dump_config(cfg))
     envs = domain_envs(cfg)
     model, tokenizer = build_policy(cfg, envs)
-    apply_threads(cfg.threads, model)
+    cfg = cfg.model_copy(update={"threads": apply_threads(cfg.threads, model)})  # recorded as resolved
+    atomic_write(run_dir / "config.yaml", dump_config(cfg))
     examples = build_examples(cfg, envs, tokenizer)
     metrics = MetricsLogger(run_dir)
 

@@ -39,8 +39,11 @@ class SyncPipeline:
             self.model, self.tokenizer = load_model(ckpt)
         else:
             self.model, self.tokenizer = build_policy(cfg, self.envs)
-        atomic_write(run_dir / "config.yaml", dump_config(cfg))  # the config in effect (a resume may override)
         self.threads = apply_threads(cfg.threads, self.model)
+        # the config in effect (a resume may override), with the thread count resolved: `threads: 0`
+        # measures, and a resume must not measure again (another count rounds floats differently)
+        self.cfg = cfg = cfg.model_copy(update={"threads": self.threads})
+        atomic_write(run_dir / "config.yaml", dump_config(cfg))
         ref = self._reference_policy() if cfg.train.loss.kl_coef > 0 else None
         self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature)
         self.mixer = DomainMixer(cfg.domains, cfg.mixer, self.envs, seed=cfg.seed)
