@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from assay.core.config import DomainConfig, EvalConfig
 from assay.core.errors import AssayError
 
 if TYPE_CHECKING:  # imported lazily at run time: the CLI starts fast
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # imported lazily at run time: the CLI starts fast
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Assay: RL post-training of LLM agents on verifiable rewards.")
 console = Console()
+_EVAL, _DOMAIN = EvalConfig(), DomainConfig(name="-", env="-")  # `assay eval` defaults are the config's
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in the sandbox model-written code runs in.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: ratios measured side by side in one run.")
 env_app = typer.Typer(no_args_is_help=True, help="Environments: list, show, and the QA gate.")
@@ -86,22 +88,28 @@ def sft(config: Annotated[Path, typer.Argument(help="YAML config")], overrides: 
 
 @app.command(name="eval")
 def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in Hugging Face layout")],
-          env: Annotated[list[str], typer.Option(help="environment name[@version]; repeat for several")],
-          n: Annotated[int, typer.Option(help="samples per task")] = 8,
-          tasks: Annotated[int, typer.Option(help="tasks per environment")] = 64,
+          env: Annotated[list[str], typer.Option(help="environment NAME or NAME@VERSION; repeat for several")],
+          n: Annotated[int, typer.Option(help="samples per task")] = _EVAL.n,
+          tasks: Annotated[int, typer.Option(help="tasks per environment")] = _EVAL.tasks_per_domain,
           difficulty: Annotated[list[int] | None, typer.Option(help="levels to cover (default: all)")] = None,
-          temperature: float = 1.0, seed: int = 1_000_003, max_new_tokens: int = 64, max_turns: int = 4,
+          temperature: float = _EVAL.temperature, seed: int = _EVAL.seed,
+          max_new_tokens: int = _DOMAIN.max_new_tokens, max_turns: int = 4,
           backend: Annotated[str, typer.Option(help="rollout backend: engine or hf")] = "engine",
           run: Annotated[Path | None, typer.Option(help="runs/NAME that trained the policy: check that no "
-                                                   "evaluation task is in its RL trajectories or SFT data")] = None) -> None:
-    """pass@1 and pass@k with 95% confidence intervals on the environments' evaluation partition."""
-    from rich.table import Table
+                                                   "evaluation task is in its RL trajectories or SFT data")] = None,
+          out: Annotated[Path | None, typer.Option(help="record directory (default: evals/<time>)")] = None,
+          price_prompt: Annotated[float, typer.Option(help="cost per million prompt tokens")] = 0.0,
+          price_completion: Annotated[float, typer.Option(help="cost per million completion tokens")] = 0.0) -> None:
+    """pass@k, pass^k and the rest on the environments' evaluation partition; writes a record."""
+    import time
 
     from assay.core.config import DifficultyRange, DomainConfig, RolloutConfig
     from assay.core.errors import ConfigError
     from assay.core.modeling import apply_threads, load_model
     from assay.envs.registry import get_env
     from assay.eval.evaluate import evaluate
+    from assay.eval.record import policy_identity, write_record
+    from assay.eval.tables import dimensions_table, pass_table
     from assay.pipeline.overlap import check_overlap, training_task_ids
     from assay.rollout.factory import make_backend
 
@@ -115,6 +123,8 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in
         domains[spec] = DomainConfig(name=spec, env=spec, max_new_tokens=max_new_tokens, max_turns=max_turns,
                                      difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
     trained = training_task_ids(run) if run is not None else None
+    policy = policy_identity(checkpoint)
+    out = out or Path("evals") / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     model, tokenizer = load_model(checkpoint)
     apply_threads(0, model)
     ks = sorted({1, *(k for k in (2, 4, 8, 16) if k <= n)})
@@ -122,18 +132,37 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in
     overlap = check_overlap(run, (t for r in results.values() for t in r.task_ids), trained) if run is not None else None
     where = ("evaluation partition, held out from " + str(run) if overlap and overlap.held_out
              else "NOT held out" if overlap else "evaluation partition; pass --run runs/NAME to check it is held out")
-    table = Table(title=f"{checkpoint}: {tasks} tasks × {n} samples, 95% bootstrap CIs ({where})")
-    table.add_column("environment")
-    for k in ks:
-        table.add_column(f"pass@{k}", justify="right")
-    table.add_column("by difficulty (pass rate)")
-    table.add_column("infra errors", justify="right")
-    for name, r in results.items():
-        levels = " ".join(f"{d}:{p:.2f}" for d, p in r.by_difficulty.items())
-        table.add_row(name, *(str(r.pass_at[k]) if k in r.pass_at else "-" for k in ks), levels, str(r.infra_errors))
-    console.print(table)
+    prices = (price_prompt, price_completion)
+    console.print(pass_table(results, ks, title=f"{checkpoint}: {tasks} tasks × {n} samples, 95% bootstrap CIs "
+                                                f"({where})"))
+    console.print(dimensions_table(results, ks, prices))
     if overlap is not None:
         console.print(overlap.describe())
+    settings = {"n": n, "tasks": tasks, "difficulty": difficulty, "temperature": temperature, "seed": seed,
+                "max_new_tokens": max_new_tokens, "max_turns": max_turns, "backend": backend,
+                "held_out": None if overlap is None else overlap.describe()}
+    console.print(f"record: {write_record(out, results, policy, envs, settings, prices)}")
+
+
+@app.command(name="eval-compare", hidden=True)  # spelled `assay eval compare A B` (see main)
+def eval_compare(a: Annotated[Path, typer.Argument(help="record A (a directory assay eval wrote)")],
+                 b: Annotated[Path, typer.Argument(help="record B")],
+                 effect: Annotated[float | None, typer.Option(help="the pass@1 difference you care about: warn "
+                                                              "when the suite is too small to detect it")] = None) -> None:
+    """Paired differences of two evaluation records, task by task, with CIs and verdicts."""
+    from assay.eval.record import compare, read_record
+    from assay.eval.tables import comparison_table
+
+    ra, rb = read_record(a), read_record(b)
+    for name in sorted(set(ra["environments"]) & set(rb["environments"])):
+        ea, eb = ra["environments"][name], rb["environments"][name]
+        if ea != eb:
+            console.print(f"[yellow]warning:[/] {name} differs between the records ({ea['spec']} {ea['hash']} vs "
+                          f"{eb['spec']} {eb['hash']}): tasks are paired by id, but the environment changed")
+    rows = compare(ra, rb)
+    if not rows:
+        raise AssayError(f"{a} and {b} share no environment to compare")
+    console.print(comparison_table(rows, effect))
 
 
 @app.command()
@@ -337,6 +366,8 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress bars say what is happening
+    if sys.argv[1:3] == ["eval", "compare"]:  # `eval` takes a policy path; `eval compare` is its own command
+        sys.argv[1:3] = ["eval-compare"]
     try:
         app()
     except AssayError as e:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from assay.agent.groups import collect
 from assay.core.config import DomainConfig
 from assay.core.types import OK, Task, Trajectory
 from assay.envs.base import Environment
 from assay.envs.split import draw_distinct
-from assay.eval.passk import Estimate, pass_at_k_ci
+from assay.eval.passk import Estimate, pass_at_k_ci, pass_hat_k_ci
 from assay.rollout.base import RolloutBackend
 
 log = logging.getLogger(__name__)
@@ -39,17 +42,47 @@ def eval_tasks(env: Environment, domain: str, count: int, seed: int, difficultie
 
 @dataclass
 class DomainEval:
+    """One environment's evaluation in many dimensions. Pass rates count only episodes whose
+    infrastructure worked; infrastructure errors are counted apart, never as failures."""
+
     domain: str
     passes: list[list[bool]]  # per task, per sample; infrastructure failures left out
     task_ids: list[str] = field(default_factory=list)  # the task of each row of `passes`
-    pass_at: dict[int, Estimate] = field(default_factory=dict)
+    pass_at: dict[int, Estimate] = field(default_factory=dict)  # at least one of k samples passes
+    pass_hat: dict[int, Estimate] = field(default_factory=dict)  # all k samples pass (reliability)
     infra_errors: int = 0
     mean_reward: float = 0.0
     by_difficulty: dict[int, float] = field(default_factory=dict)
+    rounds: dict[int, int] = field(default_factory=dict)  # assistant turns -> episodes
+    tool_calls: int = 0  # tool results the episodes received (an error observation counts)
+    tool_errors: int = 0
+    recovered: int = 0  # episodes with a failed tool call that still passed
+    with_tool_error: int = 0
+    prompt_tokens: float = 0.0  # mean per episode
+    completion_tokens: float = 0.0  # mean per episode (sampled tokens)
+    latency_p50: float = 0.0  # seconds per episode: generation + tools + verification
+    latency_p95: float = 0.0
+    trajectories: list[Trajectory] = field(default_factory=list, repr=False)
 
     @property
     def n(self) -> int:
         return max((len(p) for p in self.passes), default=0)
+
+    @property
+    def mean_rounds(self) -> float:
+        return sum(k * v for k, v in self.rounds.items()) / max(sum(self.rounds.values()), 1)
+
+    @property
+    def tool_error_rate(self) -> float | None:
+        return self.tool_errors / self.tool_calls if self.tool_calls else None
+
+    @property
+    def recovery_rate(self) -> float | None:
+        return self.recovered / self.with_tool_error if self.with_tool_error else None
+
+    def cost(self, prompt_price: float, completion_price: float) -> float:
+        """Per episode, at these prices per million prompt and completion tokens."""
+        return (self.prompt_tokens * prompt_price + self.completion_tokens * completion_price) / 1e6
 
 
 def summarize(domain: str, trajs: Sequence[Trajectory], ks: Sequence[int]) -> DomainEval:
@@ -59,16 +92,28 @@ def summarize(domain: str, trajs: Sequence[Trajectory], ks: Sequence[int]) -> Do
     rows = [(g[0].task.task_id, [t.passed for t in g if t.status == OK]) for g in by_group.values()]
     rows = [(task_id, p) for task_id, p in rows if p]
     passes = [p for _, p in rows]
-    result = DomainEval(domain, passes, [task_id for task_id, _ in rows], infra_errors=sum(t.status != OK for t in trajs))
+    result = DomainEval(domain, passes, [task_id for task_id, _ in rows], infra_errors=sum(t.status != OK for t in trajs),
+                        trajectories=list(trajs))
     if passes:
         n = min(len(p) for p in passes)
         result.pass_at = {k: pass_at_k_ci(passes, k) for k in ks if k <= n}
+        result.pass_hat = {k: pass_hat_k_ci(passes, k) for k in ks if k <= n}
     ok = [t for t in trajs if t.status == OK]
-    result.mean_reward = sum(t.reward for t in ok) / max(len(ok), 1)
-    levels = sorted({t.task.difficulty for t in ok})
-    for level in levels:
+    if not ok:
+        return result
+    result.mean_reward = sum(t.reward for t in ok) / len(ok)
+    for level in sorted({t.task.difficulty for t in ok}):
         at = [t.passed for t in ok if t.task.difficulty == level]
         result.by_difficulty[level] = sum(at) / len(at)
+    result.rounds = dict(sorted(Counter(t.turns for t in ok).items()))
+    result.tool_calls = sum(m.role == "tool" for t in ok for m in t.messages)
+    result.tool_errors = sum(t.tool_errors for t in ok)
+    erred = [t for t in ok if t.tool_errors]
+    result.with_tool_error, result.recovered = len(erred), sum(t.passed for t in erred)
+    result.prompt_tokens = sum(t.prompt_len for t in ok) / len(ok)
+    result.completion_tokens = sum(t.completion_tokens for t in ok) / len(ok)
+    latency = np.array([sum(t.timings.values()) for t in ok])
+    result.latency_p50, result.latency_p95 = (float(x) for x in np.percentile(latency, [50, 95]))
     return result
 
 
