@@ -342,6 +342,22 @@ def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, 
                                   indent=1))
 
 
+@bench_app.command("agent")
+def bench_agent(policy: Annotated[Path, typer.Argument(help="a policy directory (e.g. runs/quickstart/sft/policy)")],
+                overrides: Overrides = None,
+                tasks: Annotated[int, typer.Option(help="evaluation tasks per domain")] = 32,
+                n: Annotated[int, typer.Option(help="samples per task")] = 8,
+                rounds: Annotated[int, typer.Option(help="alternating rounds of both loops")] = 3) -> None:
+    """The lockstep agent loop beside the online one on the quickstart's domains (or a config's)."""
+    from assay.bench.agent import run_agent_bench, table
+    from assay.core.modeling import set_threads
+    from assay.pipeline.quickstart import default_config
+
+    cfg = default_config(overrides or [])
+    set_threads(cfg.threads or 1)  # tiny policies run fastest on one thread; threads=N overrides
+    print(table(run_agent_bench(cfg, policy, tasks, n, rounds)))
+
+
 @bench_app.command("learning")
 def bench_learning(overrides: Overrides = None,
                    seeds: Annotated[int, typer.Option(help="quickstart runs, config seeds 0..N-1")] = 3,
