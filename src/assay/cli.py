@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -14,6 +14,7 @@ from assay.core.config import DomainConfig, EvalConfig
 from assay.core.errors import AssayError
 
 if TYPE_CHECKING:  # imported lazily at run time: the CLI starts fast
+    from assay.core.config import RolloutConfig
     from assay.core.types import Task
     from assay.envs.base import Environment
 
@@ -87,9 +88,12 @@ def sft(config: Annotated[Path, typer.Argument(help="YAML config")], overrides: 
 
 
 @app.command(name="eval")
-def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in Hugging Face layout")],
-          env: Annotated[list[str], typer.Option(help="environment NAME or NAME@VERSION; repeat for several")],
-          n: Annotated[int, typer.Option(help="samples per task")] = _EVAL.n,
+def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a suite YAML (then --policy)")],
+          env: Annotated[list[str] | None, typer.Option(help="environment NAME or NAME@VERSION; repeat for "
+                                                        "several (without a suite)")] = None,
+          policy: Annotated[list[Path] | None, typer.Option(help="policy directory to run a suite on; repeat "
+                                                            "to compare several")] = None,
+          n: Annotated[int, typer.Option(help="samples per task (a suite sets its own)")] = _EVAL.n,
           tasks: Annotated[int, typer.Option(help="tasks per environment")] = _EVAL.tasks_per_domain,
           difficulty: Annotated[list[int] | None, typer.Option(help="levels to cover (default: all)")] = None,
           temperature: float = _EVAL.temperature, seed: int = _EVAL.seed,
@@ -100,48 +104,96 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(help="a policy directory in
           out: Annotated[Path | None, typer.Option(help="record directory (default: evals/<time>)")] = None,
           price_prompt: Annotated[float, typer.Option(help="cost per million prompt tokens")] = 0.0,
           price_completion: Annotated[float, typer.Option(help="cost per million completion tokens")] = 0.0) -> None:
-    """pass@k, pass^k and the rest on the environments' evaluation partition; writes a record."""
+    """pass@k, pass^k and the rest on the evaluation partition, or on a pinned suite; writes a record."""
     import time
 
     from assay.core.config import DifficultyRange, DomainConfig, RolloutConfig
     from assay.core.errors import ConfigError
-    from assay.core.modeling import apply_threads, load_model
     from assay.envs.registry import get_env
-    from assay.eval.evaluate import evaluate
+    from assay.eval.evaluate import eval_tasks
+    from assay.eval.suite import load_suite, resolve_entries, suite_domains, suite_tasks
+
+    if backend not in ("engine", "hf"):
+        raise ConfigError(f"--backend must be engine or hf, got {backend!r}")
+    out = out or Path("evals") / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    settings: dict[str, Any] = {"backend": backend, "seed": seed}
+    if target.suffix in (".yaml", ".yml"):
+        suite, suite_sha = load_suite(target)
+        if not policy:
+            raise ConfigError(f"a suite runs on policies: assay eval {target} --policy DIR [--policy DIR ...]")
+        envs = resolve_entries(suite)
+        domains, task_list = suite_domains(suite, envs), suite_tasks(suite, envs)
+        n, temperature = suite.samples, suite.limits.temperature
+        settings |= {"suite": suite.name, "suite_file": str(target), "suite_sha256": suite_sha,
+                     "suite_config": suite.model_dump(), "n": n}
+        policies = list(policy)
+    else:
+        if not env:
+            raise ConfigError("assay eval POLICY needs --env NAME (repeat for several), or pass a suite YAML")
+        envs = {spec: get_env(spec) for spec in env}
+        domains = {}
+        for spec, e in envs.items():
+            levels = sorted(difficulty or e.difficulties)
+            domains[spec] = DomainConfig(name=spec, env=spec, max_new_tokens=max_new_tokens, max_turns=max_turns,
+                                         difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
+        task_list = [t for spec, e in envs.items() for t in eval_tasks(e, spec, tasks, seed, domains[spec].difficulty
+                                                                       .levels(e.difficulties))]
+        settings |= {"n": n, "tasks": tasks, "difficulty": difficulty, "max_new_tokens": max_new_tokens,
+                     "max_turns": max_turns}
+        policies = [target, *(policy or [])]
+    settings["temperature"] = temperature
+    records = [_eval_policy(p, envs, domains, task_list, RolloutConfig(backend=backend), n, seed, temperature, run,
+                            out / f"{i}_{p.name}" if len(policies) > 1 else out, settings,
+                            (price_prompt, price_completion))
+               for i, p in enumerate(policies)]
+    if len(records) > 1:
+        from assay.eval.record import compare, read_record
+        from assay.eval.tables import comparison_table
+
+        first = read_record(records[0])
+        for other in records[1:]:
+            console.print(f"A = {records[0].parent}, B = {other.parent}")
+            console.print(comparison_table(compare(first, read_record(other)), None))
+
+
+def _eval_policy(policy_dir: Path, envs: dict[str, Environment], domains: dict[str, DomainConfig], tasks: list[Task],
+                 rollout: RolloutConfig, n: int, seed: int, temperature: float, run: Path | None, out: Path,
+                 settings: dict[str, Any], prices: tuple[float, float]) -> Path:
+    """Evaluate one policy on the given tasks, print its tables, write its record."""
+    from assay.core.modeling import apply_threads, load_model
+    from assay.eval.evaluate import evaluate_tasks
     from assay.eval.record import policy_identity, write_record
     from assay.eval.tables import dimensions_table, pass_table
     from assay.pipeline.overlap import check_overlap, training_task_ids
     from assay.rollout.factory import make_backend
 
-    if backend not in ("engine", "hf"):
-        raise ConfigError(f"--backend must be engine or hf, got {backend!r}")
-    rollout = RolloutConfig(backend=backend)
-    envs = {spec: get_env(spec) for spec in env}
-    domains = {}
-    for spec, e in envs.items():
-        levels = sorted(difficulty or e.difficulties)
-        domains[spec] = DomainConfig(name=spec, env=spec, max_new_tokens=max_new_tokens, max_turns=max_turns,
-                                     difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
     trained = training_task_ids(run) if run is not None else None
-    policy = policy_identity(checkpoint)
-    out = out or Path("evals") / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    model, tokenizer = load_model(checkpoint)
+    identity = policy_identity(policy_dir)
+    model, tokenizer = load_model(policy_dir)
     apply_threads(0, model)
     ks = sorted({1, *(k for k in (2, 4, 8, 16) if k <= n)})
-    results = evaluate(make_backend(rollout, model, tokenizer), tokenizer, envs, domains, tasks, n, seed, temperature, ks)
-    overlap = check_overlap(run, (t for r in results.values() for t in r.task_ids), trained) if run is not None else None
+    results = evaluate_tasks(make_backend(rollout, model, tokenizer), tokenizer, envs, domains, tasks, n, seed,
+                             temperature, ks, overall=len(domains) > 1)
+    overlap = check_overlap(run, [t.task_id for t in tasks], trained) if run is not None else None
     where = ("evaluation partition, held out from " + str(run) if overlap and overlap.held_out
              else "NOT held out" if overlap else "evaluation partition; pass --run runs/NAME to check it is held out")
-    prices = (price_prompt, price_completion)
-    console.print(pass_table(results, ks, title=f"{checkpoint}: {tasks} tasks × {n} samples, 95% bootstrap CIs "
+    console.print(pass_table(results, ks, title=f"{policy_dir}: {len(tasks)} tasks × {n} samples, 95% bootstrap CIs "
                                                 f"({where})"))
     console.print(dimensions_table(results, ks, prices))
     if overlap is not None:
         console.print(overlap.describe())
-    settings = {"n": n, "tasks": tasks, "difficulty": difficulty, "temperature": temperature, "seed": seed,
-                "max_new_tokens": max_new_tokens, "max_turns": max_turns, "backend": backend,
-                "held_out": None if overlap is None else overlap.describe()}
-    console.print(f"record: {write_record(out, results, policy, envs, settings, prices)}")
+    record = write_record(out, results, identity, envs, {**settings, "held_out": overlap and overlap.describe()}, prices)
+    console.print(f"record: {record}")
+    return record
+
+
+@app.command(name="eval-pin", hidden=True)  # spelled `assay eval pin SUITE.yaml` (see main)
+def eval_pin(suite: Annotated[Path, typer.Argument(help="a suite YAML")]) -> None:
+    """Write each entry's current environment hash into the suite."""
+    from assay.eval.suite import pin
+
+    changes = pin(suite)
+    console.print("\n".join(changes) if changes else f"{suite}: every entry already pinned at its current hash")
 
 
 @app.command(name="eval-compare", hidden=True)  # spelled `assay eval compare A B` (see main)
@@ -382,8 +434,8 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress bars say what is happening
-    if sys.argv[1:3] == ["eval", "compare"]:  # `eval` takes a policy path; `eval compare` is its own command
-        sys.argv[1:3] = ["eval-compare"]
+    if sys.argv[1:2] == ["eval"] and sys.argv[2:3] in (["compare"], ["pin"]):  # `eval` takes a path; these are
+        sys.argv[1:3] = [f"eval-{sys.argv[2]}"]                                 # commands of their own
     try:
         app()
     except AssayError as e:

@@ -117,14 +117,25 @@ def summarize(domain: str, trajs: Sequence[Trajectory], ks: Sequence[int]) -> Do
     return result
 
 
+def evaluate_tasks(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment],
+                   domains: dict[str, DomainConfig], tasks: Sequence[Task], n: int, seed: int, temperature: float = 1.0,
+                   ks: Sequence[int] = (1, 4, 8), overall: bool = False) -> dict[str, DomainEval]:
+    """n samples of every task (task.domain names its entry in `envs` and `domains`), summarized per
+    domain and, with `overall`, over all of them as "overall"."""
+    trajs = collect(backend, tokenizer, envs, domains, tasks, samples=n, temperature=temperature, seed=seed)
+    by_domain: dict[str, list[Trajectory]] = {name: [] for name in dict.fromkeys(t.domain for t in tasks)}
+    for t in trajs:
+        by_domain[t.task.domain].append(t)
+    results = {name: summarize(name, ts, ks) for name, ts in by_domain.items()}
+    if overall:
+        results["overall"] = summarize("overall", trajs, ks)
+    return results
+
+
 def evaluate(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment], domains: dict[str, DomainConfig],
              tasks_per_domain: int, n: int, seed: int, temperature: float = 1.0,
              ks: Sequence[int] = (1, 4, 8)) -> dict[str, DomainEval]:
-    results = {}
-    for name, dom in domains.items():
-        env = envs[name]
-        levels = dom.difficulty.levels(env.difficulties)
-        tasks = eval_tasks(env, name, tasks_per_domain, seed, levels)
-        trajs = collect(backend, tokenizer, envs, domains, tasks, samples=n, temperature=temperature, seed=seed)
-        results[name] = summarize(name, trajs, ks)
-    return results
+    """Each domain's evaluation-partition suite (`eval_tasks`)."""
+    tasks = [t for name, dom in domains.items()
+             for t in eval_tasks(envs[name], name, tasks_per_domain, seed, dom.difficulty.levels(envs[name].difficulties))]
+    return evaluate_tasks(backend, tokenizer, envs, domains, tasks, n, seed, temperature, ks)
