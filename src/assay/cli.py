@@ -103,7 +103,8 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
                                                    "evaluation task is in its RL trajectories or SFT data")] = None,
           out: Annotated[Path | None, typer.Option(help="record directory (default: evals/<time>)")] = None,
           price_prompt: Annotated[float, typer.Option(help="cost per million prompt tokens")] = 0.0,
-          price_completion: Annotated[float, typer.Option(help="cost per million completion tokens")] = 0.0) -> None:
+          price_completion: Annotated[float, typer.Option(help="cost per million completion tokens")] = 0.0,
+          html: Annotated[bool, typer.Option(help="also write report.html beside each record")] = False) -> None:
     """pass@k, pass^k and the rest on the evaluation partition, or on a pinned suite; writes a record."""
     import time
 
@@ -144,7 +145,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
     settings["temperature"] = temperature
     records = [_eval_policy(p, envs, domains, task_list, RolloutConfig(backend=backend), n, seed, temperature, run,
                             out / f"{i}_{p.name}" if len(policies) > 1 else out, settings,
-                            (price_prompt, price_completion))
+                            (price_prompt, price_completion), html)
                for i, p in enumerate(policies)]
     if len(records) > 1:
         from assay.eval.record import compare, read_record
@@ -158,7 +159,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
 
 def _eval_policy(policy_dir: Path, envs: dict[str, Environment], domains: dict[str, DomainConfig], tasks: list[Task],
                  rollout: RolloutConfig, n: int, seed: int, temperature: float, run: Path | None, out: Path,
-                 settings: dict[str, Any], prices: tuple[float, float]) -> Path:
+                 settings: dict[str, Any], prices: tuple[float, float], html: bool) -> Path:
     """Evaluate one policy on the given tasks, print its tables, write its record."""
     from assay.core.modeling import apply_threads, load_model
     from assay.eval.evaluate import evaluate_tasks
@@ -184,6 +185,10 @@ def _eval_policy(policy_dir: Path, envs: dict[str, Environment], domains: dict[s
         console.print(overlap.describe())
     record = write_record(out, results, identity, envs, {**settings, "held_out": overlap and overlap.describe()}, prices)
     console.print(f"record: {record}")
+    if html:
+        from assay.eval.html import write_eval_html
+
+        console.print(f"report: {write_eval_html(out)}")
     return record
 
 

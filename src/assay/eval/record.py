@@ -72,8 +72,10 @@ def write_record(out: Path, results: dict[str, DomainEval], policy: dict[str, st
     from assay.envs.registry import env_hash, env_spec
 
     writer = TrajectoryWriter(out / "trajectories")
+    seen: set[int] = set()  # an "overall" entry holds the others' trajectories again: each is written once
     for step, r in enumerate(results.values()):
-        writer.write(r.trajectories, step)
+        writer.write([t for t in r.trajectories if id(t) not in seen], step)
+        seen.update(id(t) for t in r.trajectories)
     record = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "policy": policy, "settings": settings,
               "environments": {name: {"spec": env_spec(e), "hash": env_hash(e)} for name, e in envs.items()},
               "domains": {name: {"metrics": metrics(r, prices), "per_task": _per_task(r)} for name, r in results.items()}}

@@ -1,0 +1,54 @@
+"""The evaluation page: written from a record, and rendered by headless Chromium with its plots decoded."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from assay.core.config import DifficultyRange, DomainConfig
+from assay.envs import get_env
+from assay.eval.evaluate import eval_tasks, evaluate_tasks
+from assay.eval.html import write_eval_html
+from assay.eval.record import write_record
+from assay.pipeline.policy import build_policy, domain_envs
+from assay.pipeline.quickstart import default_config
+from assay.rollout.engine import Engine
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def record_dir(tmp_path_factory):
+    cfg = default_config(["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+                          "model.intermediate_size=64", "model.tokenizer_corpus=50"])
+    model, tok = build_policy(cfg, domain_envs(cfg))
+    envs = {"arith": get_env("arith"), "toolcalc": get_env("toolcalc")}
+    domains = {name: DomainConfig(name=name, env=name, max_new_tokens=8, max_turns=2,
+                                  difficulty=DifficultyRange(min=1, max=4, start=1)) for name in envs}
+    tasks = [t for name, env in envs.items() for t in eval_tasks(env, name, 4, 0, [1, 2, 3, 4])]
+    results = evaluate_tasks(Engine(model, tok), tok, envs, domains, tasks, n=4, seed=0, ks=(1, 2, 4), overall=True)
+    out = tmp_path_factory.mktemp("record")
+    write_record(out, results, {"kind": "checkpoint", "path": "tiny", "weights_sha256": "ab" * 32}, envs,
+                 {"n": 4, "held_out": None}, (1.0, 2.0))
+    return out
+
+
+def test_the_page_holds_the_table_curves_and_trajectories(record_dir):
+    page = write_eval_html(record_dir).read_text()
+    assert '<table id="metrics">' in page and page.count("data:image/png;base64,") == 3
+    assert page.count("<details class=traj>") == 2 * 4 * 4  # every trajectory, browsable
+    assert "arith" in page and "toolcalc" in page and "overall" in page
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_chromium_renders_the_plots_and_the_table(record_dir, tmp_path):
+    page = write_eval_html(record_dir)
+    out = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom",
+                          page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    body = re.search(r"<body[^>]*>", out.stdout)
+    assert body and 'data-plots-rendered="3"' in body.group(0)  # all three PNGs decoded with a size
+    assert out.stdout.count("<tr>") >= 4  # header + arith + toolcalc + overall
