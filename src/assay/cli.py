@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # imported lazily at run time: the CLI starts fast
     from assay.core.config import RolloutConfig
     from assay.core.types import Task
     from assay.envs.base import Environment
+    from assay.eval.endpoint import Endpoint
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Assay: RL post-training of LLM agents on verifiable rewards.")
@@ -93,6 +94,9 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
                                                         "several (without a suite)")] = None,
           policy: Annotated[list[Path] | None, typer.Option(help="policy directory to run a suite on; repeat "
                                                             "to compare several")] = None,
+          endpoint: Annotated[str | None, typer.Option(help="an OpenAI-compatible endpoint to evaluate, e.g. "
+                                                       "http://127.0.0.1:8000/v1 (with --model)")] = None,
+          model: Annotated[str | None, typer.Option(help="the endpoint's model name")] = None,
           n: Annotated[int, typer.Option(help="samples per task (a suite sets its own)")] = _EVAL.n,
           tasks: Annotated[int, typer.Option(help="tasks per environment")] = _EVAL.tasks_per_domain,
           difficulty: Annotated[list[int] | None, typer.Option(help="levels to cover (default: all)")] = None,
@@ -111,23 +115,28 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
     from assay.core.config import DifficultyRange, DomainConfig, RolloutConfig
     from assay.core.errors import ConfigError
     from assay.envs.registry import get_env
+    from assay.eval.endpoint import Endpoint
     from assay.eval.evaluate import eval_tasks
     from assay.eval.suite import load_suite, resolve_entries, suite_domains, suite_tasks
 
     if backend not in ("engine", "hf"):
         raise ConfigError(f"--backend must be engine or hf, got {backend!r}")
+    if (endpoint is None) != (model is None):
+        raise ConfigError("an endpoint needs both --endpoint URL and --model NAME")
+    remote = [Endpoint(endpoint, model)] if endpoint is not None and model is not None else []
     out = out or Path("evals") / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     settings: dict[str, Any] = {"backend": backend, "seed": seed}
     if target.suffix in (".yaml", ".yml"):
         suite, suite_sha = load_suite(target)
-        if not policy:
-            raise ConfigError(f"a suite runs on policies: assay eval {target} --policy DIR [--policy DIR ...]")
+        if not policy and not remote:
+            raise ConfigError(f"a suite runs on policies: assay eval {target} --policy DIR [--policy DIR ...] "
+                              "or --endpoint URL --model NAME")
         envs = resolve_entries(suite)
         domains, task_list = suite_domains(suite, envs), suite_tasks(suite, envs)
         n, temperature = suite.samples, suite.limits.temperature
         settings |= {"suite": suite.name, "suite_file": str(target), "suite_sha256": suite_sha,
                      "suite_config": suite.model_dump(), "n": n}
-        policies = list(policy)
+        policies: list[Path | Endpoint] = [*(policy or []), *remote]
     else:
         if not env:
             raise ConfigError("assay eval POLICY needs --env NAME (repeat for several), or pass a suite YAML")
@@ -141,10 +150,11 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
                                                                        .levels(e.difficulties))]
         settings |= {"n": n, "tasks": tasks, "difficulty": difficulty, "max_new_tokens": max_new_tokens,
                      "max_turns": max_turns}
-        policies = [target, *(policy or [])]
+        policies = [target, *(policy or []), *remote]
     settings["temperature"] = temperature
     records = [_eval_policy(p, envs, domains, task_list, RolloutConfig(backend=backend), n, seed, temperature, run,
-                            out / f"{i}_{p.name}" if len(policies) > 1 else out, settings,
+                            out / f"{i}_{p.name if isinstance(p, Path) else 'endpoint'}" if len(policies) > 1 else out,
+                            settings,
                             (price_prompt, price_completion), html)
                for i, p in enumerate(policies)]
     if len(records) > 1:
@@ -157,28 +167,37 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
             console.print(comparison_table(compare(first, read_record(other)), None))
 
 
-def _eval_policy(policy_dir: Path, envs: dict[str, Environment], domains: dict[str, DomainConfig], tasks: list[Task],
+def _eval_policy(policy: Path | Endpoint, envs: dict[str, Environment], domains: dict[str, DomainConfig],
+                 tasks: list[Task],
                  rollout: RolloutConfig, n: int, seed: int, temperature: float, run: Path | None, out: Path,
                  settings: dict[str, Any], prices: tuple[float, float], html: bool) -> Path:
-    """Evaluate one policy on the given tasks, print its tables, write its record."""
+    """Evaluate one policy (a checkpoint or an endpoint) on the given tasks, print its tables, write its record."""
+    from assay.agent.groups import collect
     from assay.core.modeling import apply_threads, load_model
-    from assay.eval.evaluate import evaluate_tasks
+    from assay.eval.endpoint import Endpoint, run_endpoint_episodes
+    from assay.eval.evaluate import summarize_domains
     from assay.eval.record import policy_identity, write_record
     from assay.eval.tables import dimensions_table, pass_table
     from assay.pipeline.overlap import check_overlap, training_task_ids
     from assay.rollout.factory import make_backend
 
     trained = training_task_ids(run) if run is not None else None
-    identity = policy_identity(policy_dir)
-    model, tokenizer = load_model(policy_dir)
-    apply_threads(0, model)
+    if isinstance(policy, Endpoint):
+        identity = policy.identity()
+        trajs = run_endpoint_episodes(policy, envs, domains, tasks, n, temperature, seed)
+    else:
+        identity = policy_identity(policy)
+        model, tokenizer = load_model(policy)
+        apply_threads(0, model)
+        trajs = collect(make_backend(rollout, model, tokenizer), tokenizer, envs, domains, tasks, samples=n,
+                        temperature=temperature, seed=seed)
     ks = sorted({1, *(k for k in (2, 4, 8, 16) if k <= n)})
-    results = evaluate_tasks(make_backend(rollout, model, tokenizer), tokenizer, envs, domains, tasks, n, seed,
-                             temperature, ks, overall=len(domains) > 1)
+    results = summarize_domains(tasks, trajs, ks, overall=len(domains) > 1)
     overlap = check_overlap(run, [t.task_id for t in tasks], trained) if run is not None else None
     where = ("evaluation partition, held out from " + str(run) if overlap and overlap.held_out
              else "NOT held out" if overlap else "evaluation partition; pass --run runs/NAME to check it is held out")
-    console.print(pass_table(results, ks, title=f"{policy_dir}: {len(tasks)} tasks × {n} samples, 95% bootstrap CIs "
+    name = policy if isinstance(policy, Path) else f"{policy.model} at {policy.url}"
+    console.print(pass_table(results, ks, title=f"{name}: {len(tasks)} tasks × {n} samples, 95% bootstrap CIs "
                                                 f"({where})"))
     console.print(dimensions_table(results, ks, prices))
     if overlap is not None:

@@ -95,7 +95,15 @@ class Trajectory:
     env_hash: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     group_id: str = ""  # samples of one GRPO group share it
+    usage: dict[str, int] = field(default_factory=dict)  # token counts a remote endpoint reported (it gives no ids)
 
     @property
     def completion_tokens(self) -> int:
-        return sum(self.loss_mask)
+        """Tokens the policy sampled."""
+        return sum(self.loss_mask) if self.token_ids else self.usage.get("completion_tokens", 0)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens the policy read but did not sample: prompt and observations (an endpoint's billed prompt
+        tokens, which count the history again every turn)."""
+        return len(self.token_ids) - sum(self.loss_mask) if self.token_ids else self.usage.get("prompt_tokens", 0)

@@ -58,7 +58,7 @@ class DomainEval:
     tool_errors: int = 0
     recovered: int = 0  # episodes with a failed tool call that still passed
     with_tool_error: int = 0
-    prompt_tokens: float = 0.0  # mean per episode
+    prompt_tokens: float = 0.0  # mean per episode: prompt and observations
     completion_tokens: float = 0.0  # mean per episode (sampled tokens)
     latency_p50: float = 0.0  # seconds per episode: generation + tools + verification
     latency_p95: float = 0.0
@@ -110,7 +110,7 @@ def summarize(domain: str, trajs: Sequence[Trajectory], ks: Sequence[int]) -> Do
     result.tool_errors = sum(t.tool_errors for t in ok)
     erred = [t for t in ok if t.tool_errors]
     result.with_tool_error, result.recovered = len(erred), sum(t.passed for t in erred)
-    result.prompt_tokens = sum(t.prompt_len for t in ok) / len(ok)
+    result.prompt_tokens = sum(t.prompt_tokens for t in ok) / len(ok)
     result.completion_tokens = sum(t.completion_tokens for t in ok) / len(ok)
     latency = np.array([sum(t.timings.values()) for t in ok])
     result.latency_p50, result.latency_p95 = (float(x) for x in np.percentile(latency, [50, 95]))
@@ -123,6 +123,11 @@ def evaluate_tasks(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Envi
     """n samples of every task (task.domain names its entry in `envs` and `domains`), summarized per
     domain and, with `overall`, over all of them as "overall"."""
     trajs = collect(backend, tokenizer, envs, domains, tasks, samples=n, temperature=temperature, seed=seed)
+    return summarize_domains(tasks, trajs, ks, overall)
+
+
+def summarize_domains(tasks: Sequence[Task], trajs: Sequence[Trajectory], ks: Sequence[int],
+                      overall: bool = False) -> dict[str, DomainEval]:
     by_domain: dict[str, list[Trajectory]] = {name: [] for name in dict.fromkeys(t.domain for t in tasks)}
     for t in trajs:
         by_domain[t.task.domain].append(t)

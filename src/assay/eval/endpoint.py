@@ -1,0 +1,152 @@
+"""A policy behind an OpenAI-compatible endpoint (a served Assay model, vLLM, SGLang, a hosted API):
+episodes are acted out at the message level through chat completions, tools through the API's tool
+calls, and verified by the environment as any other episode. There are no token ids to train on,
+so such trajectories are for evaluation: they carry the token counts the server reports."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from assay.core.config import DomainConfig
+from assay.core.errors import AssayError
+from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observation, Task, ToolCall, Trajectory
+from assay.envs.base import Environment
+from assay.envs.tools import validate_call
+
+CONCURRENCY = 8  # episodes in flight against the server
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str  # e.g. http://127.0.0.1:8000/v1
+    model: str
+    api_key: str = "none"
+    timeout_s: float = 120.0
+
+    def identity(self) -> dict[str, str]:
+        return {"kind": "endpoint", "url": self.url, "model": self.model}
+
+    def client(self) -> Any:
+        import openai
+
+        return openai.OpenAI(base_url=self.url, api_key=self.api_key, timeout=self.timeout_s, max_retries=2)
+
+
+def check_reachable(endpoint: Endpoint) -> None:
+    """Fail at once, in one line, when nothing answers at the URL (before any episode runs)."""
+    import openai
+
+    try:
+        endpoint.client().chat.completions.create(model=endpoint.model, max_tokens=1,
+                                                  messages=[{"role": "user", "content": "ping"}])
+    except openai.APIConnectionError as e:
+        raise AssayError(f"endpoint {endpoint.url} is unreachable ({e.__class__.__name__}); check --endpoint and "
+                         "that the server is running") from None
+    except openai.APIStatusError as e:
+        raise AssayError(f"endpoint {endpoint.url} refused model {endpoint.model!r} (HTTP {e.status_code}: "
+                         f"{str(e.message)[:200]}); check --model") from None
+
+
+def _wire(m: Message, call_ids: list[str]) -> dict[str, Any]:
+    if m.role == "tool":
+        return {"role": "tool", "content": m.content, "tool_call_id": call_ids.pop(0) if call_ids else ""}
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in m.tool_calls]
+    return out
+
+
+def _wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Chat-completions messages; each tool result answers the call ids of the turn before it, in order."""
+    out, pending = [], []
+    for m in messages:
+        if m.role == "assistant":
+            pending = [c.id for c in m.tool_calls]
+        out.append(_wire(m, pending))
+    return out
+
+
+def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainConfig, temperature: float,
+             seed: int | None) -> Trajectory:
+    episode = env.start(task, None)
+    messages = list(task.prompt)
+    tools = [{"type": "function", "function": spec.to_json()} for spec in task.tools]
+    usage = {"prompt_tokens": 0, "completion_tokens": 0}
+    turns = tool_errors = 0
+    finish, status, error = "max_turns", OK, ""
+    t0 = time.perf_counter()
+    while turns < dom.max_turns:
+        try:
+            resp = client.chat.completions.create(model=model, messages=_wire_messages(messages), temperature=temperature,
+                                                  max_tokens=dom.max_new_tokens, seed=seed, **({"tools": tools} if tools
+                                                                                             else {}))
+        except Exception as e:  # a server failure is an infrastructure status, never a wrong answer
+            finish, status, error = "error", ROLLOUT_ERROR, f"{type(e).__name__}: {e}"
+            break
+        turns += 1
+        if resp.usage is not None:
+            usage["prompt_tokens"] += resp.usage.prompt_tokens
+            usage["completion_tokens"] += resp.usage.completion_tokens
+        choice = resp.choices[0]
+        calls, observations = [], []
+        for i, c in enumerate(choice.message.tool_calls or []):
+            try:
+                args = json.loads(c.function.arguments or "{}")
+            except json.JSONDecodeError as e:
+                args = None
+                observations.append(Observation(f"error: tool call arguments are not JSON ({e.msg})", is_error=True))
+            calls.append(ToolCall(c.function.name, args if isinstance(args, dict) else {}, id=c.id or f"call_{i}"))
+        messages.append(Message("assistant", choice.message.content or "", calls))
+        if choice.finish_reason == "length" and not calls:
+            finish = "length"
+            break
+        if not calls:
+            finish = "stop"
+            break
+        for call in calls[len(observations):]:
+            bad = validate_call(call, task.tools)
+            observations.append(Observation(f"error: {bad}", is_error=True) if bad else episode.step(call))
+        for call, obs in zip(calls, observations, strict=True):
+            tool_errors += int(obs.is_error)
+            messages.append(Message("tool", obs.content, name=call.name))
+        if any(o.status != OK for o in observations):
+            finish, status = "error", next(o.status for o in observations if o.status != OK)
+            break
+        if any(o.done for o in observations):
+            finish = "stop"
+            break
+    reward, passed, info = 0.0, False, {}
+    if status == OK:
+        try:
+            rw = episode.verify(messages)
+            reward, passed, info, status = rw.score, rw.passed, dict(rw.details), rw.status
+        except Exception as e:
+            status, error = VERIFIER_ERROR, f"episode.verify raised {type(e).__name__}: {e}"
+    if error:
+        info["error"] = error
+    return Trajectory(task=task, messages=messages, token_ids=[], loss_mask=[], logprobs=[],
+                      prompt_len=0, turns=turns, tool_errors=tool_errors, finish_reason=finish,
+                      reward=reward if status == OK else 0.0, passed=passed and status == OK, reward_info=info,
+                      status=status, env_hash=task.env_hash, usage=usage,
+                      timings={"generate_s": time.perf_counter() - t0})
+
+
+def run_endpoint_episodes(endpoint: Endpoint, envs: dict[str, Environment], domains: dict[str, DomainConfig],
+                          tasks: Sequence[Task], n: int, temperature: float, seed: int | None) -> list[Trajectory]:
+    """n episodes per task against the endpoint, in task order, a task's samples sharing a group id."""
+    check_reachable(endpoint)
+    client = endpoint.client()
+    jobs = [(i, task, k) for i, task in enumerate(tasks) for k in range(n)]
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        trajs = list(pool.map(lambda job: _episode(client, endpoint.model, envs[job[1].domain], job[1],
+                                                   domains[job[1].domain], temperature,
+                                                   None if seed is None else seed + job[2]), jobs))
+    for (i, task, _), t in zip(jobs, trajs, strict=True):
+        t.group_id = f"{i}:{task.task_id}"
+    return trajs

@@ -1,0 +1,110 @@
+"""Evaluating a policy behind an OpenAI-compatible endpoint: a scripted server the test starts on the
+loopback solves arith and toolcalc (through the API's tool calls, after one deliberately bad call),
+so the record must show full pass rates, two-plus rounds, and a recovered tool error."""
+
+import ast
+import json
+import operator
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from assay.eval.record import read_record
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def _calc(node: ast.AST) -> int:
+    if isinstance(node, ast.Constant):
+        return node.value
+    return _OPS[type(node.op)](_calc(node.left), _calc(node.right))
+
+
+def _reply(body: dict) -> dict:
+    """The scripted policy: arith computed; toolcalc: a bad call first, then every lookup, then the sum."""
+    messages = body["messages"]
+    user = next(m["content"] for m in messages if m["role"] == "user")
+    tool_calls, content = None, ""
+    if m := re.fullmatch(r"Compute (.+)\.", user):
+        content = f"Answer: {_calc(ast.parse(m.group(1), mode='eval').body)}"
+    elif m := re.fullmatch(r"What is (.+)\?", user):
+        names = re.findall(r"[a-z]+", m.group(1))
+        signs = ["+", *re.findall(r"[+-]", m.group(1))]
+        results = [x["content"] for x in messages if x["role"] == "tool"]
+        if not results:
+            tool_calls = [{"id": "c0", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "zz"}'}}]
+        elif len(results) == 1:
+            tool_calls = [{"id": f"c{i + 1}", "type": "function",
+                           "function": {"name": "lookup", "arguments": json.dumps({"key": n})}}
+                          for i, n in enumerate(names)]
+        else:
+            values = [int(v) for v in results[1:]]
+            content = f"Answer: {sum(v if s == '+' else -v for s, v in zip(signs, values, strict=True))}"
+    else:  # the reachability ping
+        content = "pong"
+    message = {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})}
+    return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}],
+            "usage": {"prompt_tokens": 10 * len(messages), "completion_tokens": 7, "total_tokens": 10 * len(messages) + 7}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body.get("model") != "scripted":
+            data, code = json.dumps({"error": {"message": "no such model"}}).encode(), 404
+        else:
+            data, code = json.dumps(_reply(body)).encode(), 200
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+
+
+def assay(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "assay.cli", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "250", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"})
+
+
+def test_an_endpoint_policy_is_evaluated_through_chat_completions_and_tool_calls(server, tmp_path):
+    out = assay("eval", "suites/golden.yaml", "--endpoint", server, "--model", "scripted", "--out", str(tmp_path))
+    # the golden suite's arith and toolcalc entries are solved; codegen and terminal are not attempted well
+    assert out.returncode == 0, out.stderr
+    record = read_record(tmp_path)
+    assert record["policy"] == {"kind": "endpoint", "url": server, "model": "scripted"}
+    arith, toolcalc = record["domains"]["arith@1"]["metrics"], record["domains"]["toolcalc@1"]["metrics"]
+    assert arith["pass_at"]["1"]["value"] == 1.0 and arith["mean_rounds"] == 1.0
+    assert toolcalc["pass_at"]["1"]["value"] == 1.0 and toolcalc["mean_rounds"] == 3.0
+    assert toolcalc["recovery_rate"] == 1.0 and toolcalc["tool_error_rate"] > 0  # the bad call, then success
+    assert toolcalc["prompt_tokens"] > 0 and toolcalc["completion_tokens"] == 21  # the server's usage, 3 turns
+    assert record["domains"]["codegen@1"]["metrics"]["infra_errors"] == 0
+
+
+def test_an_unreachable_endpoint_or_unknown_model_is_one_line(server, tmp_path):
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    for url, model, what in ((dead, "scripted", "unreachable"), (server, "nope", "refused model")):
+        out = assay("eval", "suites/arith.yaml", "--endpoint", url, "--model", model, "--out", str(tmp_path / "x"))
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode != 0 and len(lines) == 1 and what in lines[0], out.stderr
+    half = assay("eval", "suites/arith.yaml", "--endpoint", server)
+    assert half.returncode != 0 and "both --endpoint URL and --model NAME" in half.stderr
