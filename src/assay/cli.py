@@ -108,7 +108,9 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
           out: Annotated[Path | None, typer.Option(help="record directory (default: evals/<time>)")] = None,
           price_prompt: Annotated[float, typer.Option(help="cost per million prompt tokens")] = 0.0,
           price_completion: Annotated[float, typer.Option(help="cost per million completion tokens")] = 0.0,
-          html: Annotated[bool, typer.Option(help="also write report.html beside each record")] = False) -> None:
+          html: Annotated[bool, typer.Option(help="also write report.html beside each record")] = False,
+          repeats: Annotated[int, typer.Option(help="evaluate the same tasks this many times with sampling seeds "
+                                               "seed, seed+1, …: run-to-run variance")] = 1) -> None:
     """pass@k, pass^k and the rest on the evaluation partition, or on a pinned suite; writes a record."""
     import time
 
@@ -121,6 +123,8 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
 
     if backend not in ("engine", "hf"):
         raise ConfigError(f"--backend must be engine or hf, got {backend!r}")
+    if repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1, got {repeats}")
     if (endpoint is None) != (model is None):
         raise ConfigError("an endpoint needs both --endpoint URL and --model NAME")
     remote = [Endpoint(endpoint, model)] if endpoint is not None and model is not None else []
@@ -152,11 +156,18 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
                      "max_turns": max_turns}
         policies = [target, *(policy or []), *remote]
     settings["temperature"] = temperature
-    records = [_eval_policy(p, envs, domains, task_list, RolloutConfig(backend=backend), n, seed, temperature, run,
-                            out / f"{i}_{p.name if isinstance(p, Path) else 'endpoint'}" if len(policies) > 1 else out,
-                            settings,
-                            (price_prompt, price_completion), html)
-               for i, p in enumerate(policies)]
+    records = []
+    for i, p in enumerate(policies):
+        where = out / f"{i}_{p.name if isinstance(p, Path) else 'endpoint'}" if len(policies) > 1 else out
+        runs = [_eval_policy(p, envs, domains, task_list, RolloutConfig(backend=backend), n, seed + r, temperature, run,
+                             where / f"repeat_{r}" if repeats > 1 else where, {**settings, "seed": seed + r},
+                             (price_prompt, price_completion), html) for r in range(repeats)]
+        if repeats > 1:
+            from assay.eval.record import read_record
+            from assay.eval.tables import repeats_table
+
+            console.print(repeats_table([read_record(r) for r in runs]))
+        records.append(runs[0])
     if len(records) > 1:
         from assay.eval.record import compare, read_record
         from assay.eval.tables import comparison_table

@@ -76,3 +76,13 @@ def test_bad_records_and_policies_are_one_line(policy, tmp_path):
         assert out.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: "), (args, out.stderr)
     with pytest.raises(AssayError, match="not a readable evaluation record"):
         read_record(tmp_path / "broken")
+
+
+def test_repeats_evaluate_the_same_tasks_with_other_sampling_seeds(policy, tmp_path):
+    out = assay("eval", str(policy), "--env", "arith", "--tasks", "4", "--n", "2", "--max-new-tokens", "8",
+                "--repeats", "2", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "run-to-run variance" in out.stdout and "sd between runs" in out.stdout
+    first, second = (read_record(tmp_path / f"repeat_{r}") for r in (0, 1))
+    assert first["settings"]["seed"] + 1 == second["settings"]["seed"]
+    assert set(first["domains"]["arith"]["per_task"]) == set(second["domains"]["arith"]["per_task"])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 from rich.table import Table
 
 from assay.eval.evaluate import DomainEval
@@ -54,4 +56,17 @@ def comparison_table(rows: list[Comparison], effect: float | None) -> Table:
             verdict += f"; too small a suite for {effect:g}"
         table.add_row(c.domain, c.metric, f"{c.a:.3f}", f"{c.b:.3f}", str(c.diff), f"{c.paired} ({c.only_a} / {c.only_b})",
                       f"{c.mde:.3f}", verdict)
+    return table
+
+
+def repeats_table(records: list[dict[str, Any]]) -> Table:
+    """pass@1 of each entry in each repeat of the same tasks with other sampling seeds, and its spread."""
+    table = Table(title=f"run-to-run variance: the same tasks, {len(records)} sampling seeds")
+    for col in ("environment", "pass@1 per run", "mean", "sd between runs", "mean s.e. within a run"):
+        table.add_column(col, justify="left" if col == "environment" else "right")
+    for name in records[0]["domains"]:
+        runs = [r["domains"][name]["metrics"]["pass_at"]["1"] for r in records if name in r["domains"]]
+        values = np.array([e["value"] for e in runs])
+        table.add_row(name, " ".join(f"{v:.3f}" for v in values), f"{values.mean():.3f}",
+                      f"{values.std(ddof=1):.3f}", f"{np.mean([e['se'] for e in runs]):.3f}")
     return table
