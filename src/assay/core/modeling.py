@@ -23,8 +23,7 @@ from assay.core.config import ModelConfig
 from assay.core.errors import AssayError, CheckpointError
 from assay.core.tokenizer import stop_token_ids
 
-# sdpa measured equal to or a little faster than eager for hidden 128 / 2 layers on one CPU thread
-# (train step 0.27 s vs 0.29-0.33 s for 16x256 tokens; generation equal), so sdpa it is.
+# sdpa rather than eager attention: no slower for the tiny built models (docs/architecture.md, Threads).
 ATTN_IMPLEMENTATION = "sdpa"
 
 
