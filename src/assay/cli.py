@@ -50,7 +50,7 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
     """RL-train a policy on the config's domains."""
     from assay.core.config import load_config
     from assay.core.storage import prepare_run_dir
-    from assay.pipeline.sync import SyncPipeline
+    from assay.pipeline.async_pipeline import make_pipeline
     from assay.pipeline.ui import RunView
 
     overrides = list(overrides or [])
@@ -65,7 +65,7 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
     else:
         cfg = load_config(config, overrides)
         run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
-    pipeline = SyncPipeline(cfg, run_dir, resume=resume is not None)
+    pipeline = make_pipeline(cfg, run_dir, resume=resume is not None)
     with RunView("train", cfg.train.steps, quiet=quiet, console=console) as view:
         view.advance(pipeline.start_step)
         pipeline.run(view)

@@ -127,6 +127,12 @@ class RolloutConfig(_Strict):
     top_k: int = Field(0, ge=0)
 
 
+class PipelineConfig(_Strict):
+    mode: Literal["sync", "async"] = "sync"  # async: sampling runs ahead of training on its own thread
+    max_staleness: int = Field(1, ge=0)  # async: batches sampled with weights at most this many versions old
+    online: bool = False  # engine: episodes advance on their own, every domain in one batch
+
+
 class EvalConfig(_Strict):
     tasks_per_domain: int = Field(64, gt=0)
     n: int = Field(8, gt=0)  # samples per task
@@ -143,6 +149,7 @@ class Config(_Strict):
     domains: list[DomainConfig] = Field(min_length=1)
     mixer: MixerConfig = MixerConfig()
     rollout: RolloutConfig = RolloutConfig()
+    pipeline: PipelineConfig = PipelineConfig()
     train: TrainConfig = TrainConfig()
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()

@@ -19,10 +19,10 @@ from assay.core.modeling import load_model
 from assay.core.storage import atomic_write, prepare_run_dir
 from assay.eval.evaluate import DomainEval, evaluate
 from assay.eval.passk import paired_difference_ci
+from assay.pipeline.async_pipeline import make_pipeline
 from assay.pipeline.overlap import check_overlap
 from assay.pipeline.policy import domain_envs
 from assay.pipeline.sft import run_sft
-from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
 from assay.rollout.factory import make_backend
 
@@ -107,7 +107,7 @@ def training_dynamics(run_dir: Path) -> dict[str, dict[str, Any]]:
                         "signal_share": sum(len({r["reward"] for r in g}) > 1 for g in gs) / len(gs) if gs else None,
                         "entropy": sum(ent) / len(ent) if ent else None}
         level_track = [m[f"domain/{name}/difficulty"] for m in metrics if f"domain/{name}/difficulty" in m]
-        d["level_changes"] = sum(a != b for a, b in zip(level_track, level_track[1:]))
+        d["level_changes"] = sum(a != b for a, b in zip(level_track, level_track[1:], strict=False))
         out[name] = d
     return out
 
@@ -154,7 +154,7 @@ def run_quickstart(cfg: Config, console: Console | None = None) -> list[dict[str
     rl_cfg.threads = load_config(sft_dir / "config.yaml").threads  # the count SFT resolved: one count per run
     console.print(f"[bold]3/5[/] RL: {cfg.train.steps} steps over {', '.join(d.name for d in cfg.domains)}")
     with RunView("rl", cfg.train.steps, console=console) as view:
-        pipeline = SyncPipeline(rl_cfg, run_dir)
+        pipeline = make_pipeline(rl_cfg, run_dir)
         pipeline.run(view)
     lap("rl")
     final = latest_checkpoint(run_dir)

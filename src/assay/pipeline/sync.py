@@ -68,7 +68,8 @@ class SyncPipeline:
         r = self.cfg.rollout
         return collect(self.backend, self.tokenizer, self.envs, self.domains, tasks, samples=None,
                        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, policy_version=step - 1,
-                       seed=_sampling_seed(self.cfg, step, attempt), group_prefix=f"s{step}a{attempt}/")
+                       seed=_sampling_seed(self.cfg, step, attempt), group_prefix=f"s{step}a{attempt}/",
+                       online=self.cfg.pipeline.online)
 
     def collect_batch(self, step: int) -> tuple[list[Trajectory], list[Trajectory], int]:
         """(every trajectory sampled, those kept for training, groups dropped for zero variance).

@@ -1,0 +1,116 @@
+"""The asynchronous pipeline: sampling runs ahead of training, on its own thread with its own copy of
+the weights, by at most `pipeline.max_staleness` policy versions.
+
+The schedule is fixed, so a run is a function of its seed like the synchronous one: the batch of step
+s is sampled with the weights of version max(start, s - 1 - k) (k = max_staleness), its tasks are
+drawn after the mixer has seen step s - 1 - k and before it sees step s - k. With k = 0 this is the
+synchronous pipeline exactly; with k >= 1 the rollout of step s + k overlaps the training of step s.
+Zero-variance groups are dropped but not refilled (a refill would draw tasks at a moment the
+schedule does not fix): sample more groups per step instead. A resume restarts the rollout from the
+checkpoint, re-sampling what was in flight, so in async mode it is not bit-exact."""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from assay.core.config import Config
+from assay.core.storage import MetricsLogger, TrajectoryWriter
+from assay.pipeline.sync import SyncPipeline, _headline, domain_rows
+from assay.pipeline.ui import RunView
+from assay.rollout.factory import make_backend
+from assay.train.advantages import filter_zero_variance
+
+
+class AsyncPipeline(SyncPipeline):
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False) -> None:
+        super().__init__(cfg, run_dir, resume)
+        rollout_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.backend = make_backend(self.cfg.rollout, rollout_model, self.tokenizer)
+        self.backend.update_weights([], version=self.start_step)
+        self._weights: dict[int, list[tuple[str, Tensor]]] = {}
+        self._lock = threading.Condition()  # guards the mixer and the two step counters
+        self._trained = self._sampled = self.start_step
+
+    def _wait(self, ready: Callable[[], bool], failed: threading.Event) -> None:
+        with self._lock:
+            while not ready() and not failed.is_set():
+                self._lock.wait(timeout=1.0)
+
+    def _rollout_loop(self, batches: queue.Queue[Any], failed: threading.Event) -> None:
+        cfg, k = self.cfg, self.cfg.pipeline.max_staleness
+        try:
+            for step in range(self.start_step + 1, cfg.train.steps + 1):
+                version = max(self.start_step, step - 1 - k)
+                self._wait(lambda v=version: self._trained >= v, failed)
+                if failed.is_set():
+                    return
+                with self._lock:
+                    tasks = self.mixer.sample(cfg.train.groups_per_step)
+                    self._sampled = step
+                    weights = self._weights.pop(version, None)
+                    self._lock.notify_all()
+                if weights is not None:
+                    self.backend.update_weights(weights, version=version)
+                everything = self._rollout(tasks, step, 0)
+                kept, dropped = filter_zero_variance(everything) if cfg.train.dynamic_sampling else (everything, 0)
+                take = getattr(self.backend, "take_stats", None)
+                stats = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
+                batches.put((step, version, everything, kept, dropped, stats))
+        except BaseException as e:  # handed to the trainer thread, which raises it
+            batches.put(e)
+
+    def run(self, view: RunView | None = None) -> None:
+        cfg, k = self.cfg, self.cfg.pipeline.max_staleness
+        writer = TrajectoryWriter(self.run_dir / "trajectories")
+        metrics = MetricsLogger(self.run_dir)
+        batches: queue.Queue[Any] = queue.Queue()
+        failed = threading.Event()
+        rollout = threading.Thread(target=self._rollout_loop, args=(batches, failed), name="assay-rollout", daemon=True)
+        rollout.start()
+        try:
+            for step in range(self.start_step + 1, cfg.train.steps + 1):
+                item = batches.get()
+                if isinstance(item, BaseException):
+                    raise item
+                got, version, everything, kept, dropped, rollout_stats = item
+                assert got == step, (got, step)
+                writer.write(everything, step)
+                self._wait(lambda s=step: self._sampled >= min(s + k, cfg.train.steps), failed)
+                with self._lock:
+                    stats = self.mixer.update(everything)
+                train_metrics = self.trainer.step(kept)
+                snapshot = [(n, t.clone()) for n, t in self.trainer.named_weights()]
+                with self._lock:
+                    self._weights[step] = snapshot
+                    self._trained = step
+                    self._lock.notify_all()
+                record = {**train_metrics, "groups_dropped": dropped,
+                          "sampled": len(everything), "staleness": step - 1 - version, **stats.metrics(),
+                          **rollout_stats}
+                metrics.log(step, record)
+                for warning in stats.warnings:
+                    metrics.log(step, {"seesaw": warning}, kind="warning")
+                    if view:
+                        view.warn(f"step {step}: {warning}")
+                if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
+                    with self._lock:
+                        self.save(step)
+                if view:
+                    view.advance(step, _headline(stats, train_metrics), domain_rows(stats, train_metrics))
+        finally:
+            failed.set()  # a failed trainer stops the rollout thread at its next wait
+            metrics.close()
+        rollout.join(timeout=60)
+
+
+
+def make_pipeline(cfg: Config, run_dir: Path, resume: bool = False) -> SyncPipeline:
+    """The pipeline `pipeline.mode` names."""
+    return (AsyncPipeline if cfg.pipeline.mode == "async" else SyncPipeline)(cfg, run_dir, resume)

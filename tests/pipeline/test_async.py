@@ -1,0 +1,67 @@
+"""The asynchronous pipeline: with no staleness it is the synchronous one exactly; with staleness it
+samples ahead on its own thread, by exactly the allowed number of versions, and is still a function
+of its seed."""
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from assay.core.config import load_config
+from assay.pipeline.async_pipeline import AsyncPipeline, make_pipeline
+from assay.pipeline.sync import SyncPipeline
+
+
+def _run(tiny_config, tmp_path, name, *overrides):
+    cfg = load_config(tiny_config(name=name), ["train.max_refill_rounds=0", "train.checkpoint_every=6", *overrides])
+    pipeline = make_pipeline(cfg, tmp_path / name)
+    pipeline.run()
+    records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    weights = load_file(tmp_path / name / "checkpoints" / "step_6" / "model.safetensors")
+    return pipeline, [r for r in records if r["kind"] == "train"], weights
+
+
+def _untimed(record):
+    return {k: v for k, v in record.items() if k != "time" and not k.startswith("rollout/") and not k.endswith("_s")}
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_no_staleness_is_the_synchronous_pipeline(tiny_config, tmp_path):
+    sync, sync_log, sync_w = _run(tiny_config, tmp_path, "sync")
+    asyn, async_log, async_w = _run(tiny_config, tmp_path, "async0", "pipeline.mode=async", "pipeline.max_staleness=0")
+    assert type(sync) is SyncPipeline and type(asyn) is AsyncPipeline
+    assert _same(sync_w, async_w)
+    for a, b in zip(sync_log, async_log, strict=True):  # every figure but timings
+        assert b.pop("staleness") == 0
+        assert _untimed(a) == _untimed(b)
+
+
+def test_staleness_one_samples_a_version_ahead_and_is_reproducible(tiny_config, tmp_path):
+    _, log, weights = _run(tiny_config, tmp_path, "a1", "pipeline.mode=async", "pipeline.max_staleness=1")
+    assert [r["staleness"] for r in log] == [0, 1, 1, 1, 1, 1]  # step s trains on weights of version s - 2
+    _, again, weights_again = _run(tiny_config, tmp_path, "a1b", "pipeline.mode=async", "pipeline.max_staleness=1")
+    assert [_untimed(r) for r in log] == [_untimed(r) for r in again] and _same(weights, weights_again)
+    _, sync_log, sync_w = _run(tiny_config, tmp_path, "s1")
+    assert not _same(weights, sync_w)  # stale samples do change the run
+
+
+def test_a_failure_on_the_rollout_thread_ends_the_run_with_its_error(tiny_config, tmp_path, monkeypatch):
+    import pytest
+
+    cfg = load_config(tiny_config(name="boom"), ["pipeline.mode=async", "train.max_refill_rounds=0"])
+    pipeline = make_pipeline(cfg, tmp_path / "boom")
+    real = pipeline._rollout
+
+    def failing(tasks, step, attempt):
+        if step == 3:
+            raise RuntimeError("sandbox pool lost")
+        return real(tasks, step, attempt)
+
+    monkeypatch.setattr(pipeline, "_rollout", failing)
+    with pytest.raises(RuntimeError, match="sandbox pool lost"):
+        pipeline.run()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "boom" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]  # what was trained before the failure is recorded
