@@ -445,6 +445,17 @@ def bench_agent(policy: Annotated[Path, typer.Argument(help="a policy directory 
     print(table(run_agent_bench(cfg, policy, tasks, n, rounds)))
 
 
+@bench_app.command("pipeline")
+def bench_pipeline(policy: Annotated[Path, typer.Argument(help="a policy directory to start RL from")],
+                   overrides: Overrides = None,
+                   steps: Annotated[int, typer.Option(help="RL steps per run")] = 10,
+                   rounds: Annotated[int, typer.Option(help="alternating rounds of every variant")] = 2) -> None:
+    """RL wall time: the synchronous pipeline beside the asynchronous one and the online agent loop."""
+    from assay.bench.pipeline import run_pipeline_bench, table
+
+    print(table(run_pipeline_bench(policy, steps, rounds, list(overrides or []))))
+
+
 @bench_app.command("learning")
 def bench_learning(overrides: Overrides = None,
                    seeds: Annotated[int, typer.Option(help="quickstart runs, config seeds 0..N-1")] = 3,
