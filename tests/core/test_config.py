@@ -10,8 +10,9 @@ def test_defaults_and_overrides():
     cfg = build_config(BASE, ["train.steps=7", "domains.code.group_size=4", "domains.0.weight=2.5",
                               "train.loss.eps_high=0.3", "name=x"])
     assert cfg.train.steps == 7
-    assert cfg.domain("code").group_size == 4
-    assert cfg.domain("arith").weight == 2.5
+    domains = {d.name: d for d in cfg.domains}
+    assert domains["code"].group_size == 4
+    assert domains["arith"].weight == 2.5
     assert cfg.train.loss.eps_high == 0.3
     assert cfg.name == "x"
 

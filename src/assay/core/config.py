@@ -162,9 +162,6 @@ class Config(_Strict):
             raise ValueError(f"domain names must be unique, repeated: {sorted(dup)}")
         return self
 
-    def domain(self, name: str) -> DomainConfig:
-        return next(d for d in self.domains if d.name == name)
-
 
 def _parse_value(text: str) -> Any:
     try:
