@@ -327,6 +327,11 @@ def env_show(spec: Annotated[str, typer.Argument(help="NAME or NAME@VERSION")],
         verdict = "passed" if rec["passed"] else "failed"
         stale = "" if gate_version(rec) >= GATE_VERSION else f", older than the current v{GATE_VERSION}: re-check it"
         console.print(f"  QA: {verdict} for hash {rec['hash']} by gate v{gate_version(rec)}{stale}; gates {rec['gates']}")
+    from assay.pipeline.monitor import training_summary
+
+    for h, t in training_summary(Path(store), env_spec(env)).items():
+        levels = "  ".join(f"{lv}: {p / n:.2f} of {n}" for lv, (p, n) in sorted(t["levels"].items(), key=lambda x: int(x[0])))
+        console.print(f"  training (hash {h}, {len(t['runs'])} runs, {t['steps']} steps): pass rate by level {levels}")
 
 
 @env_app.command("check")

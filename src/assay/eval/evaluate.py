@@ -13,6 +13,7 @@ import numpy as np
 
 from assay.agent.groups import collect
 from assay.core.config import DomainConfig
+from assay.core.errors import AssayError
 from assay.core.types import OK, Task, Trajectory
 from assay.envs.base import Environment
 from assay.envs.split import draw_distinct
@@ -29,8 +30,12 @@ def eval_tasks(env: Environment, domain: str, count: int, seed: int, difficultie
     per_level = [count // len(difficulties) + (i < count % len(difficulties)) for i in range(len(difficulties))]
     drawn = []
     for level, want in zip(difficulties, per_level, strict=True):
-        got = draw_distinct(env, random.Random(f"eval:{seed}:{domain}:{level}"), level, "eval", want)
-        if len(got) < want:
+        try:
+            got = draw_distinct(env, random.Random(f"eval:{seed}:{domain}:{level}"), level, "eval", want)
+        except AssayError as e:  # an empty partition (a tiny data file): the other levels are still measured
+            log.warning("%s level %d: no evaluation tasks (%s)", domain, level, e)
+            got = []
+        if 0 < len(got) < want:
             log.warning("%s level %d: only %d distinct evaluation tasks (asked for %d); the level's task space is "
                         "small (assay env show %s)", domain, level, len(got), want, env.name)
         drawn.append(got)

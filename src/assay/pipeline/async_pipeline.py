@@ -37,6 +37,14 @@ class AsyncPipeline(SyncPipeline):
         self._weights: dict[int, list[tuple[str, Tensor]]] = {}
         self._lock = threading.Condition()  # guards the mixer and the two step counters
         self._trained = self._sampled = self.start_step
+        self._eval_backend: Any = None
+
+    def eval_backend(self) -> Any:
+        """Evaluations run on the trainer's weights with a backend of their own (the rollout thread's is busy)."""
+        if self._eval_backend is None:
+            self._eval_backend = make_backend(self.cfg.rollout, self.model, self.tokenizer)
+        self._eval_backend.update_weights([], version=self._trained)
+        return self._eval_backend
 
     def _wait(self, ready: Callable[[], bool], failed: threading.Event) -> None:
         with self._lock:
@@ -86,6 +94,7 @@ class AsyncPipeline(SyncPipeline):
                 with self._lock:
                     stats = self.mixer.update(everything)
                 train_metrics = self.trainer.step(kept)
+                self.monitor(step, everything, stats, metrics, view)
                 snapshot = [(n, t.clone()) for n, t in self.trainer.named_weights()]
                 with self._lock:
                     self._weights[step] = snapshot

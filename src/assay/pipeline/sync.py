@@ -14,8 +14,11 @@ from assay.core.config import Config, dump_config
 from assay.core.modeling import apply_threads, load_model, save_model
 from assay.core.storage import MetricsLogger, TrajectoryWriter, atomic_write
 from assay.core.types import Task, Trajectory
+from assay.envs.registry import env_spec
+from assay.eval.evaluate import evaluate
 from assay.mixer.mixer import DomainMixer
 from assay.mixer.stats import DomainStats
+from assay.pipeline.monitor import LoopholeWatch, log_training
 from assay.pipeline.policy import build_policy, domain_envs
 from assay.pipeline.ui import RunView
 from assay.rollout.factory import make_backend
@@ -54,6 +57,8 @@ class SyncPipeline:
             self.start_step = state["step"]
         self.backend = make_backend(cfg.rollout, self.model, self.tokenizer)
         self.backend.update_weights([], version=self.start_step)
+        self.qa_store = Path(cfg.eval.qa_store) if cfg.eval.qa_store else run_dir / "envqa"
+        self.watch = LoopholeWatch(cfg.eval.loophole_margin)
 
     def _reference_policy(self) -> Any:
         """The KL anchor is the policy the run started from; kept on disk so a resume finds it."""
@@ -101,6 +106,7 @@ class SyncPipeline:
                 stats = self.mixer.update(everything)
                 train_metrics = self.trainer.step(kept)
                 self.backend.update_weights(self.trainer.named_weights(), version=step)
+                self.monitor(step, everything, stats, metrics, view)
                 take = getattr(self.backend, "take_stats", None)  # the native engine's counters
                 rollout = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
                 record = {**train_metrics, "groups_dropped": dropped, "sampled": len(everything),
@@ -116,6 +122,28 @@ class SyncPipeline:
                     view.advance(step, _headline(stats, train_metrics), domain_rows(stats, train_metrics))
         finally:
             metrics.close()
+
+    def monitor(self, step: int, trajs: list[Trajectory], stats: DomainStats, metrics: MetricsLogger,
+                view: RunView | None) -> None:
+        """Log training's pass rates to the QA store; every `eval.every` steps evaluate on the evaluation
+        partition and flag a domain whose training reward climbs while its held-out pass rate does not."""
+        cfg = self.cfg
+        log_training(self.qa_store, cfg.name, step, trajs, {n: env_spec(e) for n, e in self.envs.items()})
+        self.watch.observe({name: d.pass_rate for name, d in stats.domains.items()})
+        if not cfg.eval.every or step % cfg.eval.every:
+            return
+        results = evaluate(self.eval_backend(), self.tokenizer, self.envs, self.domains, cfg.eval.tasks_per_domain,
+                           cfg.eval.n, cfg.eval.seed, cfg.eval.temperature, ks=(1,))
+        held = {name: (r.pass_at[1].value, r.pass_at[1].se) for name, r in results.items() if 1 in r.pass_at}
+        metrics.log(step, {f"heldout/{name}/pass@1": v for name, (v, _) in held.items()}, kind="eval")
+        for warning in self.watch.evaluated(held):
+            metrics.log(step, {"loophole": warning}, kind="warning")
+            if view:
+                view.warn(f"step {step}: {warning}")
+
+    def eval_backend(self) -> Any:
+        """The backend evaluations run on: the rollout's own (it runs the trainer's current weights)."""
+        return self.backend
 
     def save(self, step: int) -> Path:
         return save_checkpoint(self.run_dir / "checkpoints", step, self.model, self.tokenizer,

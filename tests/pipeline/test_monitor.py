@@ -1,0 +1,37 @@
+"""Environment regression monitoring: training's pass rates go to the QA store per version and level,
+periodic held-out evaluations are logged, and a training rise without a held-out rise is flagged."""
+
+import json
+import os
+import subprocess
+import sys
+
+from assay.core.config import load_config
+from assay.pipeline.async_pipeline import make_pipeline
+from assay.pipeline.monitor import LoopholeWatch, training_summary
+
+
+def test_a_training_rise_without_a_held_out_rise_is_flagged():
+    watch = LoopholeWatch(margin=0.1)
+    watch.observe({"a": 0.2, "b": 0.2})
+    assert watch.evaluated({"a": (0.30, 0.02), "b": (0.30, 0.02)}) == []  # the first evaluation sets the baseline
+    watch.observe({"a": 0.6, "b": 0.6})
+    warnings = watch.evaluated({"a": (0.31, 0.02), "b": (0.50, 0.02)})  # a: only training rose; b: both rose
+    assert len(warnings) == 1 and warnings[0].startswith("a: training pass rate rose by 0.40")
+    watch.observe({"a": 0.62})
+    assert watch.evaluated({"a": (0.30, 0.02)}) == []  # no further training rise: nothing new to flag
+
+
+def test_training_logs_pass_rates_and_evaluates_held_out_periodically(tiny_config, tmp_path):
+    cfg = load_config(tiny_config(name="mon"), ["eval.every=3", "eval.tasks_per_domain=2", "eval.n=2"])
+    make_pipeline(cfg, tmp_path / "mon").run()
+    records = [json.loads(line) for line in (tmp_path / "mon" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [3, 6] and all("heldout/arith/pass@1" in r for r in evals)
+    store = tmp_path / "mon" / "envqa"
+    summary = training_summary(store, "arith@1")
+    (h, arith), = summary.items()
+    assert arith["runs"] == {"mon"} and 1 <= arith["steps"] <= 6 and sum(n for _, n in arith["levels"].values()) > 0
+    shown = subprocess.run([sys.executable, "-m", "assay.cli", "env", "show", "arith", "--store", str(store)],
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "250"})
+    assert shown.returncode == 0 and f"training (hash {h}, 1 runs, {arith['steps']} steps)" in shown.stdout, shown.stderr
