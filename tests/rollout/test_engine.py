@@ -1,6 +1,6 @@
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from assay.core.errors import AssayError
 from assay.rollout.base import GenRequest, SamplingParams
@@ -90,6 +90,7 @@ def test_greedy_matches_hf_generate_under_forced_preemption(tok, policy):
     ("llama", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}),
     ("qwen2", {"rope_type": "linear", "factor": 3.0}),
+    ("qwen3", {"rope_type": "default"}),
 ])
 def test_greedy_matches_hf_for_each_architecture_and_rope_scaling(tok, arch, rope):
     common = dict(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -99,6 +100,12 @@ def test_greedy_matches_hf_for_each_architecture_and_rope_scaling(tok, arch, rop
     torch.manual_seed(3)
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(attention_bias=True, mlp_bias=True, **common))
+    elif arch == "qwen3":  # q/k norm, an explicit head_dim unlike hidden / heads
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=32, **common))
+        with torch.no_grad():  # non-trivial norm weights, so a skipped q/k norm cannot pass
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
     else:
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     spread(model)

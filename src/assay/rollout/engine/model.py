@@ -1,11 +1,11 @@
-"""The Qwen2/Llama forward pass over a paged KV cache, on the very tensors of a Hugging Face model.
+"""The Qwen2/Qwen3/Llama forward pass over a paged KV cache, on the very tensors of a Hugging Face model.
 
 No weight is copied: the engine reads the parameters of the `PreTrainedModel` it was given, so the
 trainer's optimizer steps (or `update_weights` copying into them) are what the engine runs next.
 Supported: RMSNorm, RoPE with every Hugging Face scaling type (the frequencies and attention
 factor come from the model's own rotary module, so linear, dynamic, yarn and llama3 match it
 exactly within max_position_embeddings), grouped-query attention, SwiGLU (the model's activation),
-QKV and MLP biases, tied embeddings.
+QKV and MLP biases, tied embeddings, and Qwen3's RMSNorm of each head's queries and keys.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 from assay.core.errors import AssayError
 from assay.rollout.engine.attention import AttentionGroup, paged_attention
 
-SUPPORTED = ("qwen2", "llama")
+SUPPORTED = ("qwen2", "qwen3", "llama")
 _FEW_ROWS = 64  # up to this many rows, a CPU GEMM runs as weight @ x.T (see _linear)
 
 
@@ -38,7 +38,7 @@ class PagedModel:
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise AssayError(f"the engine runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}; "
-                             "use rollout.backend=hf for other architectures")
+                             "rollout.backend=hf (transformers generate) runs any causal LM transformers knows")
         if getattr(cfg, "use_sliding_window", False):
             raise AssayError("the engine does not implement sliding-window attention; use rollout.backend=hf")
         self.hf = model
@@ -90,6 +90,8 @@ class PagedModel:
             q = _linear(x, attn.q_proj.weight, attn.q_proj.bias).view(T, self.num_heads, self.head_dim)
             k = _linear(x, attn.k_proj.weight, attn.k_proj.bias).view(T, self.num_kv_heads, self.head_dim)
             v = _linear(x, attn.v_proj.weight, attn.v_proj.bias).view(T, self.num_kv_heads, self.head_dim)
+            if hasattr(attn, "q_norm"):  # Qwen3: each head's queries and keys are RMS-normalized before RoPE
+                q, k = _rms_norm(q, attn.q_norm.weight, self.eps), _rms_norm(k, attn.k_norm.weight, self.eps)
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
             kc = self.k_cache[i].view(-1, self.num_kv_heads, self.head_dim)
             vc = self.v_cache[i].view(-1, self.num_kv_heads, self.head_dim)
