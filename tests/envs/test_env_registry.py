@@ -130,3 +130,18 @@ def test_entry_point_plugins_are_loaded(monkeypatch, scratch_registry, tmp_path)
     monkeypatch.setattr(registry, "_loaded", False)
     with pytest.raises(AssayError, match="environment plugin 'broken' .*failed to load"):
         list_envs()
+
+
+class _TwinA(ArithEnv):
+    name = "twin"
+
+
+class _TwinB(ArithEnv):  # same module, name, version and parameters: another environment all the same
+    name = "twin"
+
+
+def test_two_classes_of_one_module_have_different_hashes():
+    a, b = registry.env_parts(_TwinA()), registry.env_parts(_TwinB())
+    assert a["class"] != b["class"] and env_hash(_TwinA()) != env_hash(_TwinB())
+    assert {k for k in a if a[k] != b[k]} == {"class"}
+    assert a["class"] == hashlib.sha256(f"{__name__}._TwinA".encode()).hexdigest()[:12]

@@ -110,12 +110,15 @@ def env_spec(env: Environment) -> str:
 
 def env_parts(env: Environment) -> dict[str, str]:
     """What an environment's identity is made of, each part hashed on its own so a change can be
-    named: the source of its module and the modules it names in `hash_deps` (code, generator,
-    verifier), its parameters (public scalar and dataclass attributes, e.g. limits or a matcher), and
-    its `fingerprint()` if it has one (data and template files it loads)."""
+    named: its class (module and qualified name: two classes of one module are two environments),
+    the source of its module and the modules it names in `hash_deps` (code, generator, verifier), its
+    parameters (public scalar and dataclass attributes, e.g. limits or a matcher), and its
+    `fingerprint()` if it has one (data and template files it loads)."""
     cls = type(env)
     if cls not in _class_parts:
-        _class_parts[cls] = {f"code {m}": _sha(_module_source(m, cls)) for m in (cls.__module__, *getattr(cls, "hash_deps", ()))}
+        _class_parts[cls] = {"class": _sha(_qualname(cls)),
+                             **{f"code {m}": _sha(_module_source(m, cls))
+                                for m in (cls.__module__, *getattr(cls, "hash_deps", ()))}}
     parts = dict(_class_parts[cls])
     params = {k: repr(v) for k, v in sorted(vars(env).items())
               if not k.startswith("_") and (isinstance(v, (str, int, float, bool, Path, type(None))) or is_dataclass(v))}

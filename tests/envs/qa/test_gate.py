@@ -2,18 +2,33 @@
 caught by the gate that exists for its flaw, with the failing task's seed."""
 
 import json
+import os
 import random
 
 import pytest
-from broken_envs import AcceptsAnything, LeaksTheAnswer, Nondeterministic, RunsTheWorkspaceTests
+from broken_envs import (
+    AcceptsAnything,
+    ChecksInTheWorkspace,
+    DeclaresNoSecrets,
+    FailsUnderLoad,
+    HiddenTestsInTheWorkspace,
+    LeaksTheAnswer,
+    Nondeterministic,
+    RarelyFlaky,
+    RunsTheWorkspaceTests,
+    WorkedExample,
+)
 
 from assay.envs import get_env
 from assay.envs.qa import QAConfig, run_gate
-from assay.envs.qa.store import VersionNotBumped, check_version, diff, previous_version, save
+from assay.envs.qa.gate import GATE_VERSION, cpu_contention, flake_runs
+from assay.envs.qa.store import VersionNotBumped, check_version, diff, latest, previous_version, save
 from assay.envs.registry import env_hash, env_parts, env_spec
 from assay.sandbox import isolation_problem
 
-SMALL = QAConfig(tasks_per_level=3, repeats=2, cheat_tasks_per_level=1, noisy_samples=4)
+# Tests of other gates size the flake runs down (5 idle and 5 loaded): the flake tests use the default.
+SMALL = QAConfig(tasks_per_level=3, repeats=2, cheat_tasks_per_level=1, noisy_samples=4, flake_rate=0.5)
+TINY = QAConfig(tasks_per_level=2, repeats=1, cheat_tasks_per_level=2, noisy_samples=1, flake_rate=0.5)
 
 
 def failed_gates(report):
@@ -28,7 +43,8 @@ def test_builtin_environments_pass_the_gate(name):
     if isolation_problem() is not None and report.kind != "answer":  # hostile programs never run unisolated
         assert report.skipped and not report.cheaters and not report.passed
         pytest.skip(f"the namespace sandbox cannot run on this host: {isolation_problem()}")
-    assert report.passed and report.cheaters and all(c["passed"] == 0 for c in report.cheaters.values())
+    assert report.passed and report.cheaters  # and those that may pass by chance did so within chance
+    assert all(c["passed"] == 0 for c in report.cheaters.values() if c["tolerance"] == 0)
 
 
 def test_jsonl_passes_the_gate(tmp_path):
@@ -48,19 +64,21 @@ def test_a_verifier_that_accepts_anything_fails_the_null_gate():
 def test_a_prompt_that_leaks_the_answer_fails_the_leak_gate():
     report = run_gate(LeaksTheAnswer(), SMALL)
     assert "no leak" in failed_gates(report)
-    assert all("Answer:" in f.reason for f in report.failures if f.gate == "no leak")
-    assert failed_gates(report) <= {"no leak", "cheaters"}  # copying a number from the prompt now works too
+    leaks = [f.reason for f in report.failures if f.gate == "no leak"]
+    assert any("Answer:" in r for r in leaks)  # the whole answer line, and its bare value too:
+    assert all("Answer:" in r or "the answer's bare value stands in 100% of prompts" in r for r in leaks), leaks
+    assert failed_gates(report) <= {"no leak", "cheaters"}  # copying the last value from the prompt now works too
 
 
 def test_a_nondeterministic_verifier_fails_determinism():
     report = run_gate(Nondeterministic(), QAConfig(tasks_per_level=4, repeats=3, cheat_tasks_per_level=0,
-                                                   noisy_samples=2))
+                                                   noisy_samples=2, flake_rate=0.5))
     assert {"determinism", "reference"} <= failed_gates(report)
 
 
 def test_grading_an_edited_test_file_is_caught_by_the_cheaters(isolated):
     report = run_gate(RunsTheWorkspaceTests(), QAConfig(tasks_per_level=1, repeats=1, cheat_tasks_per_level=1,
-                                                        noisy_samples=1))
+                                                        noisy_samples=1, flake_rate=0.5))
     caught = {f.reason for f in report.failures if f.gate == "cheaters"}
     assert any("shadow the tests" in r for r in caught), caught
     assert any("sys.exit(0)" in r for r in caught), caught
@@ -80,6 +98,127 @@ def test_the_store_locks_a_passed_version_and_diffs_against_the_previous_one(tmp
     assert diff(previous_version(tmp_path, "arith", "1"), report) == ["same results as arith@1"]
 
 
+def test_a_record_from_an_older_gate_is_no_pass_and_locks_only_the_parts_it_hashed(tmp_path):
+    env = get_env("arith")
+    spec, parts = env_spec(env), env_parts(env)
+    old = {"env": spec, "hash": "0" * 12, "passed": True, "gates": {},
+           "parts": {k: v for k, v in parts.items() if k != "class"}}  # an older gate, before the class part
+    (tmp_path / spec).mkdir()
+    (tmp_path / spec / "20260101T000000_000000.json").write_text(json.dumps(old))
+    assert latest(tmp_path, spec)["passed"] and latest(tmp_path, spec, passed_only=True) is None
+    check_version(tmp_path, spec, env_hash(env), parts)  # the same content: re-check under the same version
+    changed = {**parts, "code assay.envs.builtin.arith": "0" * 12}
+    with pytest.raises(VersionNotBumped, match="code assay.envs.builtin.arith"):  # changed content: bump
+        check_version(tmp_path, spec, "f" * 12, changed)
+    report = run_gate(env, SMALL)
+    assert report.gate_version == GATE_VERSION
+    save(tmp_path, report)
+    assert latest(tmp_path, spec, passed_only=True)["gate_version"] == GATE_VERSION
+    with pytest.raises(VersionNotBumped, match="class"):  # a current record locks every part
+        check_version(tmp_path, spec, "f" * 12, {**parts, "class": "0" * 12})
+
+
+# -- issue 14: what the gate used to let through --------------------------------------------------------
+
+
+def test_secrets_a_terminal_start_leaves_in_the_workspace_are_found(isolated):
+    env = ChecksInTheWorkspace()
+    env.difficulties = (1,)  # its level-1 tasks: a repair task (hidden tests) and a find task (a path)
+    report = run_gate(env, TINY)
+    leaks = [f.reason for f in report.failures if f.gate == "no leak"]
+    assert any("in the file .expected after start" in r for r in leaks), leaks
+    assert any("in the file tests/.hidden.json after start" in r for r in leaks), leaks
+    assert any("the cheater 'read every file' is shown the hidden" in r for r in leaks), leaks
+    caught = [f.reason for f in report.failures if f.gate == "cheaters"]
+    assert any("'use hidden files'" in r for r in caught), caught  # `.expected` copied to answer.txt
+
+
+def test_hidden_tests_a_code_start_leaves_in_the_workspace_are_found(isolated):
+    env = HiddenTestsInTheWorkspace()
+    env.difficulties = (1,)
+    report = run_gate(env, QAConfig(tasks_per_level=1, repeats=1, cheat_tasks_per_level=1, noisy_samples=1,
+                                    flake_rate=0.5))
+    assert any("in the file .hidden_tests.json after start" in f.reason for f in report.failures
+               if f.gate == "no leak"), [f.line() for f in report.failures]
+    assert any("'read hidden answers'" in f.reason for f in report.failures if f.gate == "cheaters")
+
+
+def test_a_terminal_environment_without_secrets_is_warned(isolated):
+    env = DeclaresNoSecrets()
+    env.difficulties = (1,)
+    report = run_gate(env, QAConfig(tasks_per_level=1, repeats=1, cheat_tasks_per_level=0, noisy_samples=1,
+                                    flake_rate=0.5))
+    assert any(w.startswith("declares no secrets(task)") for w in report.warnings)
+    assert report.to_json()["warnings"] == report.warnings
+    assert not any(w.startswith("declares no secrets") for w in run_gate(get_env("arith"), SMALL).warnings)
+
+
+def test_a_bare_answer_value_in_the_prompt_fails_the_leak_gate():
+    report = run_gate(WorkedExample(), SMALL)
+    leak = [f.reason for f in report.failures if f.gate == "no leak"]
+    assert len(leak) == 1 and "the answer's bare value stands in 100% of prompts" in leak[0], leak
+    assert report.leaks["p"] < 1e-3 and report.leaks["another answer in prompt"] < 0.3
+    copied = [f.reason for f in report.failures if f.gate == "cheaters"]
+    assert any("'copy value 3 from the start'" in r for r in copied), copied  # "Worked example: a+b=ANSWER"
+    plain = run_gate(get_env("arith"), SMALL)
+    assert plain.leaks["p"] > 0.1 and all(c["passed"] <= 2 for c in plain.cheaters.values())
+
+
+def test_the_flake_runs_are_sized_by_rate_and_power():
+    assert flake_runs(0.05, 0.95) == 59
+    for rate, power in ((0.05, 0.95), (0.1, 0.99), (0.01, 0.9)):
+        n = flake_runs(rate, power)
+        assert 1 - (1 - rate) ** n >= power > 1 - (1 - rate) ** (n - 1)
+
+
+def test_a_verifier_that_fails_one_run_in_ten_is_caught():
+    report = run_gate(RarelyFlaky(), QAConfig(tasks_per_level=2, repeats=2, cheat_tasks_per_level=0,
+                                              noisy_samples=1))
+    f = report.flakiness
+    assert (f["runs needed"], f["idle runs"], f["loaded runs"]) == (59, 59, 59)
+    assert f["idle failed"] > 0 and f["loaded failed"] > 0
+    reasons = [x.reason for x in report.failures if x.gate == "reference"]
+    assert any("runs idle (59 runs see a 5% flake rate with probability 0.95)" in r for r in reasons), reasons
+
+
+def test_a_verifier_that_fails_under_load_is_caught():
+    env = FailsUnderLoad()
+    env.difficulties = (1,)
+    report = run_gate(env, QAConfig(tasks_per_level=2, repeats=1, cheat_tasks_per_level=0, noisy_samples=1))
+    assert report.flakiness["loaded failed"] > 0  # idle too, when other work already loads this machine
+    assert any("CPUs kept busy" in f.reason for f in report.failures if f.gate == "reference")
+
+
+def test_cpu_contention_keeps_every_cpu_busy_and_stops():
+    with cpu_contention() as busy:
+        spinning = _spinners()
+        assert busy == len(os.sched_getaffinity(0)) == len(spinning)
+        assert sorted(c for p in spinning for c in os.sched_getaffinity(p)) == sorted(os.sched_getaffinity(0))
+        assert all(_state(p) == "R" for p in spinning)  # running (one pinned to each CPU), not waiting
+    assert not any(os.path.exists(f"/proc/{p}") for p in spinning)
+
+
+def _spinners() -> list[int]:
+    """This process's children that run the gate's spin loop."""
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                spins = b"getppid" in fh.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and spins:
+            found.append(pid)
+    return found
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_calibration_can_measure_a_real_policy(tmp_path):
     from assay.cli import _policy_rates
     from assay.core.config import ModelConfig
@@ -90,7 +229,7 @@ def test_calibration_can_measure_a_real_policy(tmp_path):
     tok = train_tokenizer([env.generate(random.Random(i), 1).prompt[-1].content for i in range(50)], 300)
     save_model(build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
                                        max_position=256), tok), tok, tmp_path / "policy")
-    report = run_gate(env, QAConfig(tasks_per_level=2, cheat_tasks_per_level=0, noisy_samples=1),
+    report = run_gate(env, QAConfig(tasks_per_level=2, cheat_tasks_per_level=0, noisy_samples=1, flake_rate=0.5),
                       _policy_rates(tmp_path / "policy", env))
     # an untrained policy solves nothing, whereas the noisy reference solves most easy tasks
     assert [s["calibration pass rate"] for s in report.levels.values()] == [0.0] * 4

@@ -1,21 +1,33 @@
 """The QA gate: an environment trains nothing until all of these hold, level by level.
 
-1. reference   the reference solution reaches full reward, every time (flakiness reported)
+1. reference   the reference solution reaches full reward on every run: enough runs to see a verifier
+               that fails `flake_rate` of the time with probability `flake_power`, idle and again with
+               every CPU kept busy by a sibling process (a verifier that fails only under load)
 2. null        empty, whitespace and echoed answers score zero; another task's well-formed answer
                passes no more often than chance
-3. cheaters    every cheater of the environment's kind fails (within its chance tolerance)
+3. cheaters    every cheater of the environment's kind fails (one that may pass by chance: not
+               significantly more often than its tolerance)
 4. determinism the same trajectory gets the same reward in fresh episodes (fresh sandboxes)
-5. no leak     no hidden value (the env's `secrets(task)`, else the reference's answer lines)
-               appears in the prompt or in any observation
+5. no leak     no hidden value (the env's `secrets(task)`, else the reference's answer lines) appears in
+               the prompt, in any observation (the reference's or a cheater's), or anywhere the policy
+               can read in the sandbox the gate starts the reference in (workspace files, dotfiles and
+               subdirectories included, /tmp, environment variables), after start and after each step;
+               for answer-kind environments the reference's bare answer value is not among the prompt's
+               values significantly more often than another task's answer is
 6. calibration the pass rate of a noisy reference (or of a given policy) does not rise with level
 An infrastructure failure is reported as such and fails the gate: it is never a reward.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,17 +38,30 @@ from assay.envs.qa.strategies import (
     NULL_POLICIES,
     RANDOM_ANSWER_TOLERANCE,
     Scripted,
+    answer_value,
     cheaters_for,
     kind_of,
     noise_for,
     noisy_reference,
     other_reference,
+    shows_value,
 )
 from assay.envs.registry import env_hash, env_parts, env_spec
 from assay.envs.split import draw_task
-from assay.sandbox import isolation_problem
+from assay.sandbox import Limits, isolation_problem, open_sandbox
 
 GATES = ("reference", "null", "cheaters", "determinism", "no leak", "calibration", "infrastructure")
+# Bump whenever a gate changes: a record from an older gate is not a pass until re-checked.
+# 2: secrets searched in the reference's sandbox and in cheaters' observations; the bare answer value
+#    in the prompt; positional copy cheaters; flake runs sized by rate and power, idle and under load.
+GATE_VERSION = 2
+# Significance of the chance tests (a cheater's pass rate against its tolerance, the bare answer value
+# against another task's): a built-in environment runs about ten of them per check, so a correct
+# environment fails one by chance about once in a hundred checks.
+ALPHA = 0.001
+# How much more often than another task's answer the reference's answer value may stand in the prompt
+# (an answer can coincide with an operand: 8-4=4).
+BARE_VALUE_TOLERANCE = 0.1
 
 
 @dataclass
@@ -53,13 +78,21 @@ class Failure:
 @dataclass
 class QAConfig:
     tasks_per_level: int = 8
-    repeats: int = 2  # reference runs per task
-    cheat_tasks_per_level: int = 2  # tasks each cheater is tried on, per level
+    repeats: int = 2  # reference runs per task (more, round-robin, until flake_runs are reached)
+    cheat_tasks_per_level: int = 2  # tasks each cheater is tried on, per level (answer kinds: every task)
     noise: float | None = None  # per-character error rate of the noisy reference; None: set so it
     # solves the easiest level's tasks 70% of the time
     noisy_samples: int = 8  # noisy-reference plays per task (calibration)
     max_turns: int = 8
     calibration_margin: float = 0.1  # allowed rise of the pass rate from one level to the next, beyond noise
+    flake_rate: float = 0.05  # the smallest rate of failing reference runs the gate is sized to see ...
+    flake_power: float = 0.95  # ... with this probability, idle and again under load
+
+
+def flake_runs(rate: float, power: float) -> int:
+    """Runs that see at least one failure of a verifier failing with probability `rate`, with
+    probability `power`: 1 - (1 - rate) ** n >= power."""
+    return math.ceil(math.log(1 - power) / math.log(1 - rate))
 
 
 @dataclass
@@ -69,10 +102,14 @@ class GateReport:
     parts: dict[str, str]
     kind: str
     config: dict[str, Any]
+    gate_version: int = GATE_VERSION
     levels: dict[int, dict[str, float]] = field(default_factory=dict)
     cheaters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    flakiness: dict[str, Any] = field(default_factory=dict)
+    leaks: dict[str, Any] = field(default_factory=dict)  # the bare answer value test (answer kinds)
     failures: list[Failure] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # gates that could not run here, and why
+    warnings: list[str] = field(default_factory=list)  # what passed but checked less than it should
 
     @property
     def passed(self) -> bool:
@@ -99,6 +136,31 @@ def secrets(env: Environment, task: Task) -> list[str]:
     return [line.strip() for m in final for line in m.content.splitlines() if len(line.strip()) >= 6]
 
 
+def leaked(hidden: list[str], text: str) -> list[str]:
+    """The secrets `text` holds, also with its whitespace changed (a re-indented JSON file)."""
+    squashed = "".join(text.split())
+    return [s for s in hidden if s in text or (len(flat := "".join(s.split())) >= 6 and flat in squashed)]
+
+
+@dataclass
+class _Runs:
+    """Reference runs of one condition (idle or loaded) and how many failed."""
+
+    runs: int = 0
+    failed: int = 0
+    infra: int = 0
+    first: Failure | None = None
+
+    def add(self, level: int, task: Task, got: Played) -> None:
+        self.runs += 1
+        if _full(got.reward):
+            return
+        self.infra += got.reward.status != OK
+        self.failed += got.reward.status == OK
+        if self.first is None:
+            self.first = Failure("reference", level, task.seed, _why(got))
+
+
 def run_gate(env: Environment, cfg: QAConfig | None = None,
              policy_rates: Callable[[dict[int, list[Task]]], dict[int, list[float]]] | None = None) -> GateReport:
     """Run every gate on `tasks_per_level` generated tasks per level. `policy_rates`, when given,
@@ -111,28 +173,46 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
                      for i in range(cfg.tasks_per_level)]
              for level in env.difficulties}
     cheaters = cheaters_for(env)
-    if report.kind != "answer" and isolation_problem() is not None:
+    isolated = isolation_problem() is None
+    if report.kind != "answer" and not isolated:
         # Cheaters are hostile programs (they write outside their workspace on purpose): without
         # isolation they would run on this host. The gate says so instead of running them.
         report.skipped.append(f"cheaters: this host cannot isolate code ({isolation_problem()})")
+        report.skipped.append("no leak: the workspace the policy reads cannot be searched without a sandbox")
         cheaters = []
+    if report.kind == "terminal" and not callable(getattr(env, "secrets", None)):
+        report.warnings.append("declares no secrets(task): the leak checks then look only for the reference's "
+                               "final answer lines, which in a terminal task are almost nothing; return the hidden "
+                               "tests and expected values from secrets(task)")
     noise = cfg.noise if cfg.noise is not None else noise_for(env, tasks[min(tasks)])
     report.config["noise"] = noise
     # A terminal reference is a program over the workspace: another task's may solve this one.
     gate_random = report.kind != "terminal"
     cheat_counts = {c.name: [0, 0, 0] for c in cheaters}  # passed, tried, infrastructure failures
     noisy: dict[int, list[float]] = {}  # per task: the noisy reference's pass rate
+    idle = _Runs()
+    any_secret = False
     for level, level_tasks in tasks.items():
         stats = dict.fromkeys(["reference", "flaky", "noisy", "random well-formed", *(p.name for p in NULL_POLICIES)],
                               0.0)
         noisy[level] = []
+        # An answer-kind cheater costs no sandbox: it is tried on every task, for a sharper chance test.
+        cheat_tasks = len(level_tasks) if report.kind == "answer" else cfg.cheat_tasks_per_level
         for i, task in enumerate(level_tasks):
             fail = _failer(report, level, task)
+            hidden = secrets(env, task)
+            any_secret = any_secret or bool(hidden)
             others = [t for t in level_tasks[i + 1:] + level_tasks[:i] if t.task_id != task.task_id]
-            noisy[level].append(_check_task(env, task, others[0] if others else None, cfg, noise, stats, fail))
-            if i < cfg.cheat_tasks_per_level:
-                _try_cheaters(env, task, cheaters, cheat_counts, cfg, fail)
+            noisy[level].append(_check_task(env, task, others[0] if others else None, cfg, noise, stats, fail,
+                                            hidden, isolated, idle))
+            if i < cheat_tasks:
+                _try_cheaters(env, task, cheaters, cheat_counts, cfg, fail, hidden)
         report.levels[level] = {k: v / len(level_tasks) for k, v in stats.items()}
+    if not any_secret:
+        report.warnings.append("no task has a secret to look for: the leak checks check nothing")
+    if report.kind == "answer":
+        _bare_answer(report, env, tasks)
+    _flakiness(report, env, tasks, cfg, idle)
     _chance_checks(report, tasks, cheaters, cheat_counts, gate_random)
     per_task = policy_rates(tasks) if policy_rates else noisy
     for level, rates in per_task.items():
@@ -142,10 +222,15 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
 
 
 def _check_task(env: Environment, task: Task, other: Task | None, cfg: QAConfig, noise: float,
-                stats: dict[str, float], fail: Callable[[str, str], None]) -> float:
+                stats: dict[str, float], fail: Callable[[str, str], None], hidden: list[str], isolated: bool,
+                idle: _Runs) -> float:
     """Reference, leaks, null policies, determinism and the noisy reference on one task; adds to
     the level's `stats` and returns the noisy reference's pass rate on it."""
-    ref = [play(env, task, reference_policy(env, task), cfg.max_turns) for _ in range(cfg.repeats)]
+    first = _searched_reference(env, task, cfg, fail, hidden) if isolated else \
+        play(env, task, reference_policy(env, task), cfg.max_turns)
+    ref = [first, *(play(env, task, reference_policy(env, task), cfg.max_turns) for _ in range(cfg.repeats - 1))]
+    for r in ref:
+        idle.add(task.difficulty, task, r)
     if any(r.reward.status != OK for r in ref):
         fail("infrastructure", f"the reference run failed: {_why(next(r for r in ref if r.reward.status != OK))}")
     elif not all(_full(r.reward) for r in ref):
@@ -153,10 +238,9 @@ def _check_task(env: Environment, task: Task, other: Task | None, cfg: QAConfig,
                           f"{_why(next(r for r in ref if not _full(r.reward)))}")
     stats["reference"] += all(_full(r.reward) for r in ref)
     stats["flaky"] += len({(r.reward.score, r.reward.status) for r in ref}) > 1
-    seen = "\n".join([m.content for m in task.prompt] + [o for r in ref for o in r.observations])
-    leaked = [s for s in secrets(env, task) if s in seen]
-    if leaked:
-        fail("no leak", f"the policy is shown the hidden {leaked[0][:60]!r}")
+    found = leaked(hidden, "\n".join([m.content for m in task.prompt] + [o for r in ref for o in r.observations]))
+    if found:
+        fail("no leak", f"the policy is shown the hidden {found[0][:60]!r}")
     for null in NULL_POLICIES:
         got = play(env, task, null, cfg.max_turns)
         stats[null.name] += got.reward.passed
@@ -179,8 +263,91 @@ def _check_task(env: Environment, task: Task, other: Task | None, cfg: QAConfig,
     return rate
 
 
+# Looks for the secrets (JSON on stdin; they never touch a file) in everything a policy can read in
+# the sandbox: file contents and names under the workspace, its home and /tmp (dotfiles and
+# subdirectories included), and the environment. Prints {index: where} for each one found.
+_SEARCH = r"""
+import json, os, stat, sys
+secrets = json.load(sys.stdin)
+needles = [(s.encode(), b"".join(s.encode().split())) for s in secrets]
+found = {}
+def look(where, data):
+    flat = None
+    for i, (raw, squashed) in enumerate(needles):
+        if i in found:
+            continue
+        if raw in data:
+            found[i] = where
+        elif len(squashed) >= 6:
+            flat = b"".join(data.split()) if flat is None else flat
+            if squashed in flat:
+                found[i] = where
+look("in the environment variables", "\n".join(k + "=" + v for k, v in os.environ.items()).encode())
+seen = set()
+for root in (os.getcwd(), os.path.expanduser("~"), "/tmp"):
+    for here, dirs, names in os.walk(root):
+        for name in dirs + names:
+            path = os.path.join(here, name)
+            shown = os.path.relpath(path) if path.startswith(os.getcwd()) else path
+            look("in the name " + shown, path.encode())
+            if name in dirs or path in seen:
+                continue
+            seen.add(path)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+                    look("in the file " + shown, data)
+            finally:
+                os.close(fd)
+print(json.dumps(found))
+"""
+
+
+def _searched_reference(env: Environment, task: Task, cfg: QAConfig, fail: Callable[[str, str], None],
+                        hidden: list[str]) -> Played:
+    """The reference, started in a sandbox the gate opens and searched for the secrets after start and
+    after every step: what an environment leaves where the policy can read it is shown to the policy."""
+    limits = getattr(env, "limits", None)
+    try:
+        box = open_sandbox(limits if isinstance(limits, Limits) else Limits())
+    except OSError as e:
+        fail("infrastructure", f"the gate's sandbox did not open: {e}")
+        return play(env, task, reference_policy(env, task), cfg.max_turns)
+    found: dict[str, str] = {}
+    broken: list[str] = []
+
+    def search(when: str) -> None:
+        if broken:
+            return
+        try:
+            res = box.exec(["python3", "-I", "-c", _SEARCH], stdin=json.dumps(hidden))
+            where = json.loads(res.stdout.strip().splitlines()[-1]) if res.ok else None
+        except (OSError, ValueError, IndexError) as e:
+            res, where = None, f"{type(e).__name__}: {e}"  # type: ignore[assignment]
+        if not isinstance(where, dict):
+            broken.append(str(where) if res is None else f"{res.status}, exit {res.exit_code}: {res.stderr[-200:]}")
+            return
+        for i, place in where.items():
+            found.setdefault(hidden[int(i)], f"{place} {when}")
+
+    try:
+        got = play(env, task, reference_policy(env, task), cfg.max_turns, sandbox=box,
+                   watch=search if hidden else None)
+    finally:
+        box.close()
+    if broken:
+        fail("infrastructure", f"the gate's search of the sandbox failed: {broken[0]}")
+    for secret, place in found.items():
+        fail("no leak", f"the policy can read the hidden {secret[:60]!r} {place}")
+    return got
+
+
 def _try_cheaters(env: Environment, task: Task, cheaters: list[Scripted], counts: dict[str, list[int]],
-                  cfg: QAConfig, fail: Callable[[str, str], None]) -> None:
+                  cfg: QAConfig, fail: Callable[[str, str], None], hidden: list[str]) -> None:
     for cheater in cheaters:
         got = play(env, task, cheater, cfg.max_turns)
         c = counts[cheater.name]
@@ -190,6 +357,101 @@ def _try_cheaters(env: Environment, task: Task, cheaters: list[Scripted], counts
             c[0] += 1
             if cheater.tolerance == 0:
                 fail("cheaters", f"the cheater {cheater.name!r} ({cheater.about}) passed")
+        found = leaked(hidden, "\n".join(got.observations))
+        if found:  # what a cheater is shown, a policy can be shown
+            fail("no leak", f"the cheater {cheater.name!r} is shown the hidden {found[0][:60]!r}")
+
+
+def _bare_answer(report: GateReport, env: Environment, tasks: dict[int, list[Task]]) -> None:
+    """How often the reference's answer value stands among the prompt's values, against how often
+    another task's answer of the same level does (chance: an answer may equal an operand). Fails when
+    the first exceeds chance plus BARE_VALUE_TOLERANCE at significance ALPHA (one-sided binomial)."""
+    hits, chance, n = 0, 0.0, 0
+    first: Task | None = None
+    for level, level_tasks in tasks.items():
+        values = [answer_value(env, t) for t in level_tasks]
+        level_hits, level_chance, level_n = 0, 0.0, 0
+        for i, (task, value) in enumerate(zip(level_tasks, values, strict=True)):
+            text = "\n".join(m.content for m in task.prompt)
+            others = [v for j, v in enumerate(values) if j != i and v is not None
+                      and level_tasks[j].task_id != task.task_id]
+            if value is None or not others:
+                continue
+            level_n += 1
+            hit = shows_value(text, value)
+            level_hits += hit
+            level_chance += sum(shows_value(text, v) for v in others) / len(others)
+            first = first or (task if hit else None)
+        if level_n:
+            report.levels[level]["answer in prompt"] = level_hits / level_n
+            report.levels[level]["another answer in prompt"] = level_chance / level_n
+        hits, chance, n = hits + level_hits, chance + level_chance, n + level_n
+    if not n:
+        return
+    allowed = min(1.0, chance / n + BARE_VALUE_TOLERANCE)
+    p = binomial_tail(hits, n, allowed)
+    report.leaks = {"answer in prompt": hits / n, "another answer in prompt": chance / n, "tasks": n, "p": p}
+    if p < ALPHA and first is not None:
+        report.failures.append(Failure("no leak", first.difficulty, first.seed, (
+            f"the answer's bare value stands in {hits / n:.0%} of prompts, another task's in {chance / n:.0%} "
+            f"(allowed: chance + {BARE_VALUE_TOLERANCE:.0%}; p = {p:.1e} < {ALPHA}): the prompt gives the answer away")))
+
+
+@contextmanager
+def cpu_contention() -> Iterator[int]:
+    """Every CPU this process may use kept busy, while the block runs, by a sibling process spinning
+    pinned to it (pinned: no CPU is left to the gate alone); yields how many. A spinner stops by
+    itself if the gate dies without stopping it."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    spin = ("import os, sys, time\nparent, cpu = int(sys.argv[1]), int(sys.argv[2])\n"
+            "if hasattr(os, 'sched_setaffinity'):\n    os.sched_setaffinity(0, {cpu})\n"
+            "sys.stdout.write('.'); sys.stdout.flush()\nend = time.monotonic() + 3600\n"
+            "while os.getppid() == parent and time.monotonic() < end:\n    sum(range(100000))\n")
+    spinners: list[subprocess.Popen[bytes]] = []
+    try:
+        for cpu in cpus:
+            spinners.append(subprocess.Popen([sys.executable, "-S", "-c", spin, str(os.getpid()), str(cpu)],
+                                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE))
+        for p in spinners:
+            assert p.stdout is not None
+            p.stdout.read(1)  # spinning before the first loaded run
+        yield len(cpus)
+    finally:
+        for p in spinners:
+            p.kill()
+        for p in spinners:
+            p.wait()
+
+
+def _flakiness(report: GateReport, env: Environment, tasks: dict[int, list[Task]], cfg: QAConfig,
+               idle: _Runs) -> None:
+    """Enough reference runs to see a `flake_rate` verifier fail with probability `flake_power`: idle
+    (the per-task repeats, topped up round-robin over the tasks) and again with every CPU busy."""
+    need = flake_runs(cfg.flake_rate, cfg.flake_power)
+    order = [(level, t) for level, level_tasks in tasks.items() for t in level_tasks]
+    for k in range(need - idle.runs):
+        level, task = order[k % len(order)]
+        idle.add(level, task, play(env, task, reference_policy(env, task), cfg.max_turns))
+    loaded = _Runs()
+    with cpu_contention() as busy:
+        for k in range(need):
+            level, task = order[k % len(order)]
+            loaded.add(level, task, play(env, task, reference_policy(env, task), cfg.max_turns))
+    report.flakiness = {"rate": cfg.flake_rate, "power": cfg.flake_power, "runs needed": need, "busy cpus": busy,
+                        "idle runs": idle.runs, "idle failed": idle.failed + idle.infra,
+                        "loaded runs": loaded.runs, "loaded failed": loaded.failed + loaded.infra}
+    sized = f"{need} runs see a {cfg.flake_rate:.0%} flake rate with probability {cfg.flake_power}"
+    for runs, where in ((idle, "idle"), (loaded, f"with {busy} CPUs kept busy")):
+        if runs.first is not None:
+            gate = "reference" if runs.failed else "infrastructure"
+            report.failures.append(Failure(gate, runs.first.difficulty, runs.first.seed, (
+                f"the reference failed {runs.failed + runs.infra} of {runs.runs} runs {where} ({sized}); "
+                f"first: {runs.first.reason}")))
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    return min(1.0, sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1)))
 
 
 def _replay_same(env: Environment, task: Task, probe: Strategy, first: Played, cfg: QAConfig,
@@ -211,7 +473,8 @@ def _full(r: Reward) -> bool:
 
 def _why(p: Played) -> str:
     d = p.reward.details
-    return str(d.get("reason") or d.get("error") or {k: v for k, v in d.items() if k != "expected"} or p.reward.status)[:160]
+    why = d.get("reason") or d.get("error") or {k: v for k, v in d.items() if k != "expected"}
+    return str(why or f"scored {p.reward.score} ({p.reward.status})")[:160]
 
 
 def _chance_checks(report: GateReport, tasks: dict[int, list[Task]], cheaters: list[Scripted],
@@ -226,12 +489,13 @@ def _chance_checks(report: GateReport, tasks: dict[int, list[Task]], cheaters: l
                                            "answers that do not fit the task"))
     for c in cheaters:
         passed, tried, infra = counts[c.name]
-        rate = passed / tried if tried else 0.0
+        p = binomial_tail(passed, tried, c.tolerance) if tried else 1.0
         report.cheaters[c.name] = {"about": c.about, "passed": passed, "tried": tried, "infra": infra,
                                    "tolerance": c.tolerance}
-        if c.tolerance > 0 and rate > c.tolerance:
-            report.failures.append(Failure("cheaters", first, seed, f"the cheater {c.name!r} ({c.about}) passed "
-                                                                     f"{rate:.0%} of tasks (chance allows {c.tolerance:.0%})"))
+        if c.tolerance > 0 and p < ALPHA:
+            report.failures.append(Failure("cheaters", first, seed, (
+                f"the cheater {c.name!r} ({c.about}) passed {passed} of {tried} tasks (chance allows "
+                f"{c.tolerance:.0%}; p = {p:.1e} < {ALPHA})")))
 
 
 def _calibration(report: GateReport, per_task: dict[int, list[float]], cfg: QAConfig, samples: int) -> None:

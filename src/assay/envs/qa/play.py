@@ -8,12 +8,14 @@ the conversation and the Reward; an infrastructure failure is the Reward's statu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observation, Reward, Task
 from assay.envs.base import Environment
 from assay.envs.tools import validate_call
+from assay.sandbox.base import Sandbox
 
 
 class Strategy(Protocol):
@@ -29,8 +31,13 @@ class Played:
     observations: list[str]
 
 
-def play(env: Environment, task: Task, strategy: Strategy, max_turns: int = 8) -> Played:
-    episode = env.start(task, None)
+def play(env: Environment, task: Task, strategy: Strategy, max_turns: int = 8, sandbox: Sandbox | None = None,
+         watch: Callable[[str], None] | None = None) -> Played:
+    """`sandbox` is what `start` gets (None: the environment opens its own); `watch(when)` runs after
+    start and after every step, while the policy could still read what the episode left there."""
+    episode = env.start(task, sandbox)
+    if watch is not None:
+        watch("after start")
     messages = list(task.prompt)
     seen: list[str] = []
     status = OK
@@ -48,6 +55,8 @@ def play(env: Environment, task: Task, strategy: Strategy, max_turns: int = 8) -
                 obs = Observation(f"{type(e).__name__}: {e}", status=ROLLOUT_ERROR)
             messages.append(Message("tool", obs.content, name=call.name))
             seen.append(obs.content)
+            if watch is not None:
+                watch(f"after step {len(seen)}")
             if obs.status != OK:
                 status = obs.status
             if obs.status != OK or obs.done:

@@ -11,12 +11,14 @@ from assay.envs.qa.gate import GateReport
 
 def print_report(console: Console, report: GateReport, changes: list[str]) -> None:
     verdict = "[green]passed[/]" if report.passed else "[red]FAILED[/]"
-    console.print(f"[bold]{report.env}[/] ({report.kind}, hash {report.hash}): {verdict}")
+    console.print(f"[bold]{report.env}[/] ({report.kind}, hash {report.hash}, gate v{report.gate_version}): {verdict}")
     gates = report.gate_status()
     mark = {"pass": "✓", "fail": "✗", "skipped": "–"}
     console.print("  " + "  ".join(f"{g} {mark[s]}" for g, s in gates.items()))
     for why in report.skipped:
         console.print(f"  [yellow]skipped[/] {why}")
+    for why in report.warnings:
+        console.print(f"  [yellow]warning[/] {why}")
     table = Table("level", "reference", "flaky", "null (empty/ws/echo)", "random answer", "calibration")
     for level, s in sorted(report.levels.items()):
         table.add_row(str(level), f"{s['reference']:.2f}", f"{s['flaky']:.2f}",
@@ -25,6 +27,14 @@ def print_report(console: Console, report: GateReport, changes: list[str]) -> No
     console.print(table)
     cheats = ", ".join(f"{name} {c['passed']}/{c['tried']}" for name, c in report.cheaters.items())
     console.print(f"  cheaters (passed/tried): {cheats or 'none apply'}")
+    f = report.flakiness
+    if f:
+        console.print(f"  flakiness: {f['runs needed']} runs see a {f['rate']:.0%} flake rate with probability "
+                      f"{f['power']}; failed {f['idle failed']} of {f['idle runs']} idle, {f['loaded failed']} of "
+                      f"{f['loaded runs']} with {f['busy cpus']} CPUs kept busy")
+    if report.leaks:
+        console.print(f"  bare answer value in the prompt: {report.leaks['answer in prompt']:.0%} of tasks, another "
+                      f"task's {report.leaks['another answer in prompt']:.0%} (p = {report.leaks['p']:.2g})")
     console.print("  vs previous version: " + "; ".join(changes))
     for f in report.failures:
         console.print(f"  [red]✗[/] {f.line()}")

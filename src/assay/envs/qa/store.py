@@ -3,6 +3,11 @@
 It is also the version lock: a record holds the hash of every part of the environment it checked,
 so running the gate on a changed environment under an already-checked version is refused, naming
 what changed. The previous version's latest record is what a new version is compared against.
+
+A record names the gate version that wrote it. One from an older gate is not a pass (that gate let
+through what this one catches) until the environment is checked again; it still locks the parts it
+hashed, so a re-check under the same version is refused if the environment's content changed, and
+allowed when only the identity grew parts the older record lacks.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 from assay.core.errors import AssayError
 from assay.core.storage import atomic_write
-from assay.envs.qa.gate import GateReport
+from assay.envs.qa.gate import GATE_VERSION, GateReport
 from assay.envs.registry import _version_key
 
 DEFAULT_STORE = Path("envqa")
@@ -28,10 +33,20 @@ def records(store: Path, spec: str) -> list[Path]:
     return sorted((store / spec).glob("*.json"))
 
 
+def gate_version(rec: dict[str, Any]) -> int:
+    return int(rec.get("gate_version", 1))  # records before gate versions were kept: 1
+
+
+def passed(rec: dict[str, Any]) -> bool:
+    """A pass of the current gate (an older gate's pass needs a re-check)."""
+    return bool(rec.get("passed")) and gate_version(rec) >= GATE_VERSION
+
+
 def latest(store: Path, spec: str, passed_only: bool = False) -> dict[str, Any] | None:
+    """The newest record; with `passed_only`, the newest pass of the current gate."""
     for path in reversed(records(store, spec)):
         rec = json.loads(path.read_text())
-        if rec.get("passed") or not passed_only:
+        if passed(rec) or not passed_only:
             return rec
     return None
 
@@ -50,11 +65,17 @@ def previous_version(store: Path, name: str, version: str) -> dict[str, Any] | N
 def check_version(store: Path, spec: str, env_hash: str, parts: dict[str, str]) -> None:
     """Refuse a changed environment that kept a version that once passed the gate (a version that
     never passed may still be fixed in place)."""
-    rec = latest(store, spec, passed_only=True)
+    locks = [r for r in (json.loads(p.read_text()) for p in reversed(records(store, spec))) if r.get("passed")]
+    rec = locks[0] if locks else None  # the newest pass, of any gate
     if rec is None or rec["hash"] == env_hash:
         return
     old = rec.get("parts", {})
-    changed = sorted(k for k in set(old) | set(parts) if old.get(k) != parts.get(k)) or ["its version string"]
+    keys = set(old) | set(parts)
+    if gate_version(rec) < GATE_VERSION:  # an older gate's record locks only the parts it hashed
+        keys = set(old) & set(parts)
+        if not any(old[k] != parts[k] for k in keys):
+            return
+    changed = sorted(k for k in keys if old.get(k) != parts.get(k)) or ["its version string"]
     raise VersionNotBumped(f"{spec} changed since it was checked ({rec['hash']} -> {env_hash}): "
                            f"{', '.join(changed)}; bump its version (a checked version is immutable)")
 
