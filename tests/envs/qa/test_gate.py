@@ -122,7 +122,7 @@ def test_a_record_from_an_older_gate_is_no_pass_and_locks_only_the_parts_it_hash
 
 
 def test_secrets_a_terminal_start_leaves_in_the_workspace_are_found(isolated):
-    env = ChecksInTheWorkspace()
+    env = ChecksInTheWorkspace(timeout_s=2.0)  # the cheater that hangs costs 2 s, not 5
     env.difficulties = (1,)  # its level-1 tasks: a repair task (hidden tests) and a find task (a path)
     report = run_gate(env, TINY)
     leaks = [f.reason for f in report.failures if f.gate == "no leak"]
@@ -134,7 +134,7 @@ def test_secrets_a_terminal_start_leaves_in_the_workspace_are_found(isolated):
 
 
 def test_hidden_tests_a_code_start_leaves_in_the_workspace_are_found(isolated):
-    env = HiddenTestsInTheWorkspace()
+    env = HiddenTestsInTheWorkspace(timeout_s=1.5)
     env.difficulties = (1,)
     report = run_gate(env, QAConfig(tasks_per_level=1, repeats=1, cheat_tasks_per_level=1, noisy_samples=1,
                                     flake_rate=0.5))
