@@ -121,7 +121,10 @@ def run_episodes_online(
     its tool calls run on a worker thread while the engine keeps generating for the others, its next
     turn joins the running batch, and a finished episode is verified on the verifier pool at once.
     Jobs of several domains (each with its own limits) share one batch. A job's samples depend only
-    on its seed, turn and stream, so the trajectories are those of `run_episodes` on the same jobs.
+    on its seed, turn and stream, so the trajectories are those of `run_episodes` on the same jobs, up
+    to float rounding: the two loops batch sequences differently, and a GEMM's rounding can depend on
+    its batch size (tested equal where the batches stay small; `assay bench agent` reports how many
+    trajectories agree on a real policy).
     timings["generate_s"] is the time from a turn's submission to its last token."""
     runs = [_start(job, tokenizer) for job in jobs]
     out: list[Trajectory | None] = [None] * len(runs)
@@ -137,8 +140,15 @@ def run_episodes_online(
                 in_engine[engine.add_request(_request(runs[i]))] = (i, time.perf_counter())
 
         try:
+            # First turns go in as one call, as in the lockstep loop: a GRPO group's identical prompts
+            # are prefilled once and forked. Every later turn joins the batch when its episode is ready.
+            first = [i for i, r in enumerate(runs) if not r.finish]
+            now = time.perf_counter()
+            for i, rid in zip(first, engine.add_requests([_request(runs[i]) for i in first]), strict=True):
+                in_engine[rid] = (i, now)
             for i in range(len(runs)):
-                advance(i)
+                if runs[i].finish:
+                    advance(i)
             while in_engine or acting or verifying:
                 if in_engine:
                     for rid, results in engine.step():
