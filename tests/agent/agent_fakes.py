@@ -35,6 +35,10 @@ class FakeEpisode:
     reward: Reward | None = None  # returned by verify instead of checking, if set
     calls: list[ToolCall] = field(default_factory=list)
     verified: list[Message] | None = None
+    closed: int = 0
+
+    def close(self) -> None:
+        self.closed += 1
 
     def step(self, call: ToolCall) -> Observation:
         self.calls.append(call)

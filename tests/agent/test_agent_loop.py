@@ -153,6 +153,7 @@ def test_infrastructure_failures_are_statuses_not_rewards(tok):
     assert sandbox_down.verified is None
     assert (t2.status, t2.reward, t2.passed) == (VERIFIER_ERROR, 0.0, False)
     assert t3.status == VERIFIER_ERROR and t3.reward_info["error"] == "episode.verify raised RuntimeError: boom"
+    assert [e.closed for e in (sandbox_down, bad_verifier, raising)] == [1, 1, 1]  # closed on every path
 
 
 def test_hf_backend_trajectories_carry_exact_behaviour_logprobs(tok):

@@ -101,4 +101,5 @@ def test_a_suite_runs_on_two_policies_and_compares_them(tmp_path):
     assert a["domains"]["overall"]["metrics"]["tasks"] == 5
     bad = assay("eval", str(suite))
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
-        f"error: a suite runs on policies: assay eval {suite} --policy DIR [--policy DIR ...]"]
+        f"error: a suite runs on policies: assay eval {suite} --policy DIR [--policy DIR ...] or --endpoint URL "
+        "--model NAME"]

@@ -21,7 +21,6 @@ from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
 from assay.core.types import (
     OK,
-    ROLLOUT_ERROR,
     VERIFIER_ERROR,
     FinishReason,
     Message,
@@ -31,7 +30,7 @@ from assay.core.types import (
     Trajectory,
 )
 from assay.envs.base import Episode
-from assay.envs.tools import validate_call
+from assay.envs.episode import close_episode, step_episode
 from assay.rollout.base import GenRequest, GenResult, RolloutBackend, SamplingParams
 from assay.rollout.engine import Engine
 
@@ -213,21 +212,11 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
     observations: list[tuple[str | None, Observation]] = []
     if err is not None:
         observations.append((None, Observation(f"error: {err}", is_error=True)))
-    for call in calls:
-        bad = validate_call(call, job.task.tools)
-        if bad is not None:
-            obs = Observation(f"error: {bad}", is_error=True)
-        else:
-            t0 = time.perf_counter()
-            try:
-                obs = job.episode.step(call)
-            except Exception as e:  # an environment bug must not take the whole batch down
-                obs = Observation("", status=ROLLOUT_ERROR)
-                r.error = f"episode.step raised {type(e).__name__}: {e}"
-            r.timings["tool_s"] += time.perf_counter() - t0
-        observations.append((call.name, obs))
-        if obs.status != OK or obs.done:
-            break
+    t0 = time.perf_counter()
+    stepped = step_episode(job.episode, calls, job.task.tools)
+    r.timings["tool_s"] += time.perf_counter() - t0
+    r.error = r.error or stepped.error
+    observations += [(call.name, obs) for call, obs in zip(calls, stepped.observations, strict=False)]
     for name, obs in observations:
         r.tool_errors += int(obs.is_error)
         r.messages.append(Message("tool", obs.content, name=name))
@@ -261,6 +250,7 @@ def _finish(r: _Run, policy_version: int) -> Trajectory:
         except Exception as e:
             r.status, r.error = VERIFIER_ERROR, f"episode.verify raised {type(e).__name__}: {e}"
         r.timings["verify_s"] = time.perf_counter() - t0
+    close_episode(r.job.episode)
     if r.error:
         info["error"] = r.error
     return Trajectory(

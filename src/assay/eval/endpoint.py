@@ -16,7 +16,7 @@ from assay.core.config import DomainConfig
 from assay.core.errors import AssayError
 from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observation, Task, ToolCall, Trajectory
 from assay.envs.base import Environment
-from assay.envs.tools import validate_call
+from assay.envs.episode import close_episode, step_episode
 
 CONCURRENCY = 8  # episodes in flight against the server
 
@@ -94,31 +94,34 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
             usage["prompt_tokens"] += resp.usage.prompt_tokens
             usage["completion_tokens"] += resp.usage.completion_tokens
         choice = resp.choices[0]
-        calls, observations = [], []
+        calls, unreadable = [], {}
         for i, c in enumerate(choice.message.tool_calls or []):
             try:
                 args = json.loads(c.function.arguments or "{}")
             except json.JSONDecodeError as e:
-                args = None
-                observations.append(Observation(f"error: tool call arguments are not JSON ({e.msg})", is_error=True))
+                args, unreadable[i] = None, f"error: tool call arguments are not JSON ({e.msg})"
             calls.append(ToolCall(c.function.name, args if isinstance(args, dict) else {}, id=c.id or f"call_{i}"))
         messages.append(Message("assistant", choice.message.content or "", calls))
-        if choice.finish_reason == "length" and not calls:
-            finish = "length"
-            break
         if not calls:
-            finish = "stop"
+            finish = "length" if choice.finish_reason == "length" else "stop"
             break
-        for call in calls[len(observations):]:
-            bad = validate_call(call, task.tools)
-            observations.append(Observation(f"error: {bad}", is_error=True) if bad else episode.step(call))
-        for call, obs in zip(calls, observations, strict=True):
+        observations = []
+        for i, call in enumerate(calls):
+            if i in unreadable:
+                observations.append(Observation(unreadable[i], is_error=True))
+                continue
+            stepped = step_episode(episode, [call], task.tools)
+            observations += stepped.observations
+            error = error or stepped.error
+            if stepped.observations[0].status != OK or stepped.observations[0].done:
+                break
+        for call, obs in zip(calls, observations, strict=False):
             tool_errors += int(obs.is_error)
             messages.append(Message("tool", obs.content, name=call.name))
-        if any(o.status != OK for o in observations):
-            finish, status = "error", next(o.status for o in observations if o.status != OK)
+        if observations[-1].status != OK:
+            finish, status = "error", observations[-1].status
             break
-        if any(o.done for o in observations):
+        if observations[-1].done:
             finish = "stop"
             break
     reward, passed, info = 0.0, False, {}
@@ -128,6 +131,7 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
             reward, passed, info, status = rw.score, rw.passed, dict(rw.details), rw.status
         except Exception as e:
             status, error = VERIFIER_ERROR, f"episode.verify raised {type(e).__name__}: {e}"
+    close_episode(episode)
     if error:
         info["error"] = error
     return Trajectory(task=task, messages=messages, token_ids=[], loss_mask=[], logprobs=[],

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from assay.core.config import Config
 from assay.core.storage import MetricsLogger, TrajectoryWriter
-from assay.pipeline.sync import SyncPipeline, _headline, domain_rows
+from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
 from assay.rollout.factory import make_backend
 from assay.train.advantages import filter_zero_variance
@@ -38,6 +38,10 @@ class AsyncPipeline(SyncPipeline):
         self._lock = threading.Condition()  # guards the mixer and the two step counters
         self._trained = self._sampled = self.start_step
         self._eval_backend: Any = None
+
+    def save(self, step: int) -> Path:
+        with self._lock:  # the rollout thread draws from the mixer whose state is saved
+            return super().save(step)
 
     def eval_backend(self) -> Any:
         """Evaluations run on the trainer's weights with a backend of their own (the rollout thread's is busy)."""
@@ -103,21 +107,11 @@ class AsyncPipeline(SyncPipeline):
                 record = {**train_metrics, "groups_dropped": dropped,
                           "sampled": len(everything), "staleness": step - 1 - version, **stats.metrics(),
                           **rollout_stats}
-                metrics.log(step, record)
-                for warning in stats.warnings:
-                    metrics.log(step, {"seesaw": warning}, kind="warning")
-                    if view:
-                        view.warn(f"step {step}: {warning}")
-                if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
-                    with self._lock:
-                        self.save(step)
-                if view:
-                    view.advance(step, _headline(stats, train_metrics), domain_rows(stats, train_metrics))
+                self.end_step(step, record, stats, train_metrics, metrics, view)
         finally:
             failed.set()  # a failed trainer stops the rollout thread at its next wait
             metrics.close()
         rollout.join(timeout=60)
-
 
 
 def make_pipeline(cfg: Config, run_dir: Path, resume: bool = False) -> SyncPipeline:

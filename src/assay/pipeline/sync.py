@@ -111,17 +111,22 @@ class SyncPipeline:
                 rollout = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
                 record = {**train_metrics, "groups_dropped": dropped, "sampled": len(everything),
                           **stats.metrics(), **rollout}
-                metrics.log(step, record)
-                for warning in stats.warnings:
-                    metrics.log(step, {"seesaw": warning}, kind="warning")
-                    if view:
-                        view.warn(f"step {step}: {warning}")
-                if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
-                    self.save(step)
-                if view:
-                    view.advance(step, _headline(stats, train_metrics), domain_rows(stats, train_metrics))
+                self.end_step(step, record, stats, train_metrics, metrics, view)
         finally:
             metrics.close()
+
+    def end_step(self, step: int, record: dict[str, Any], stats: DomainStats, train_metrics: dict[str, float],
+                 metrics: MetricsLogger, view: RunView | None) -> None:
+        """Log the step and its warnings, checkpoint on schedule, show progress."""
+        metrics.log(step, record)
+        for warning in stats.warnings:
+            metrics.log(step, {"seesaw": warning}, kind="warning")
+            if view:
+                view.warn(f"step {step}: {warning}")
+        if step % self.cfg.train.checkpoint_every == 0 or step == self.cfg.train.steps:
+            self.save(step)
+        if view:
+            view.advance(step, _headline(stats, train_metrics), domain_rows(stats, train_metrics))
 
     def monitor(self, step: int, trajs: list[Trajectory], stats: DomainStats, metrics: MetricsLogger,
                 view: RunView | None) -> None:

@@ -23,6 +23,8 @@ import signal
 import socket
 import struct
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from assay.sandbox import cgroups, kernel, protocol, seccomp
 from assay.sandbox.status import DISK, EXITED, OOM, OUTPUT_TRUNCATED, PIDS, TIMEOUT
@@ -31,6 +33,7 @@ INSIDE_ID = 1000  # the uid/gid programs see
 HOST_ID = 1_879_048_192 + INSIDE_ID  # what it is on the host: unprivileged, owned by no host user
 ROOT, WORKSPACE = "/root", "/workspace"  # the sandbox root in the launcher's view; the workspace inside
 NAME = re.compile(r"[\w-]+")
+T = TypeVar("T")
 _LAYER = re.compile(r"(v/[\w-]+/u\d+|t/[\w-]+)")
 _UPPER = re.compile(r"u\d+")
 _DISCARD = re.compile(r"[uw]\d+")
@@ -59,7 +62,7 @@ def worker(exec_sock: socket.socket, notify_w: int, launcher_pid: int) -> None:
     try:
         host_pid = int(os.readlink("/proc/self"))  # the launcher's /proc shows the host's PID namespace
         _prestage()
-    except Exception as e:  # noqa: BLE001 - told to whoever asks next, so a broken host fails loudly, not in a loop
+    except Exception as e:  # told to whoever asks next, so a broken host fails loudly, not in a loop
         problem = f"sandbox setup failed: {type(e).__name__}: {e}"
     while True:
         conn, _ = exec_sock.accept()
@@ -78,7 +81,7 @@ def worker(exec_sock: socket.socket, notify_w: int, launcher_pid: int) -> None:
         header, out = _serve(conn, req, blobs, launcher_pid)
         if header is not None:
             header["pid"] = host_pid
-    except Exception as e:  # noqa: BLE001 - the host gets every failure as an answer
+    except Exception as e:  # the host gets every failure as an answer
         header, out = {"error": f"{type(e).__name__}: {e}"}, []
     if header is not None:
         try:
@@ -373,7 +376,8 @@ def _read_file(path: str, limit: int) -> bytes:
     return data
 
 
-def _attempt(fn, *args):  # noqa: ANN001, ANN002, ANN202 - (errno or 0, fn's result)
+def _attempt(fn: Callable[..., T], *args: Any) -> tuple[int, T | None]:
+    """(errno or 0, fn's result)."""
     try:
         return 0, fn(*args)
     except OSError as e:

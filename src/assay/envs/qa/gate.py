@@ -161,6 +161,15 @@ class _Runs:
             self.first = Failure("reference", level, task.seed, _why(got))
 
 
+@dataclass
+class CheatTally:
+    """One cheater's record over the tasks it was tried on."""
+
+    passed: int = 0
+    tried: int = 0
+    infra: int = 0  # infrastructure failures: neither a pass nor a fail
+
+
 def run_gate(env: Environment, cfg: QAConfig | None = None,
              policy_rates: Callable[[dict[int, list[Task]]], dict[int, list[float]]] | None = None) -> GateReport:
     """Run every gate on `tasks_per_level` generated tasks per level. `policy_rates`, when given,
@@ -188,7 +197,7 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
     report.config["noise"] = noise
     # A terminal reference is a program over the workspace: another task's may solve this one.
     gate_random = report.kind != "terminal"
-    cheat_counts = {c.name: [0, 0, 0] for c in cheaters}  # passed, tried, infrastructure failures
+    cheat_counts = {c.name: CheatTally() for c in cheaters}
     noisy: dict[int, list[float]] = {}  # per task: the noisy reference's pass rate
     idle = _Runs()
     any_secret = False
@@ -346,15 +355,15 @@ def _searched_reference(env: Environment, task: Task, cfg: QAConfig, fail: Calla
     return got
 
 
-def _try_cheaters(env: Environment, task: Task, cheaters: list[Scripted], counts: dict[str, list[int]],
+def _try_cheaters(env: Environment, task: Task, cheaters: list[Scripted], counts: dict[str, CheatTally],
                   cfg: QAConfig, fail: Callable[[str, str], None], hidden: list[str]) -> None:
     for cheater in cheaters:
         got = play(env, task, cheater, cfg.max_turns)
         c = counts[cheater.name]
-        c[1] += 1
-        c[2] += got.reward.status != OK
+        c.tried += 1
+        c.infra += got.reward.status != OK
         if got.reward.status == OK and got.reward.passed:
-            c[0] += 1
+            c.passed += 1
             if cheater.tolerance == 0:
                 fail("cheaters", f"the cheater {cheater.name!r} ({cheater.about}) passed")
         found = leaked(hidden, "\n".join(got.observations))
@@ -478,7 +487,7 @@ def _why(p: Played) -> str:
 
 
 def _chance_checks(report: GateReport, tasks: dict[int, list[Task]], cheaters: list[Scripted],
-                   counts: dict[str, list[int]], gate_random: bool) -> None:
+                   counts: dict[str, CheatTally], gate_random: bool) -> None:
     first = min(tasks)
     seed = tasks[first][0].seed
     for level, stats in report.levels.items():
@@ -488,7 +497,7 @@ def _chance_checks(report: GateReport, tasks: dict[int, list[Task]], cheaters: l
                                            f"(chance allows {RANDOM_ANSWER_TOLERANCE:.0%}): the verifier accepts "
                                            "answers that do not fit the task"))
     for c in cheaters:
-        passed, tried, infra = counts[c.name]
+        passed, tried, infra = counts[c.name].passed, counts[c.name].tried, counts[c.name].infra
         p = binomial_tail(passed, tried, c.tolerance) if tried else 1.0
         report.cheaters[c.name] = {"about": c.about, "passed": passed, "tried": tried, "infra": infra,
                                    "tolerance": c.tolerance}

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observation, Reward, Task
+from assay.core.types import OK, VERIFIER_ERROR, Message, Reward, Task
 from assay.envs.base import Environment
-from assay.envs.tools import validate_call
+from assay.envs.episode import close_episode, step_episode
 from assay.sandbox.base import Sandbox
 
 
@@ -46,38 +46,28 @@ def play(env: Environment, task: Task, strategy: Strategy, max_turns: int = 8, s
         messages.append(msg)
         if not msg.tool_calls:
             break
-        done = False
-        for call in msg.tool_calls:
-            bad = validate_call(call, task.tools)
-            try:
-                obs = Observation(f"error: {bad}", is_error=True) if bad else episode.step(call)
-            except Exception as e:  # an environment bug is an infrastructure failure, named
-                obs = Observation(f"{type(e).__name__}: {e}", status=ROLLOUT_ERROR)
-            messages.append(Message("tool", obs.content, name=call.name))
+        ended = False
+        for call in msg.tool_calls:  # one at a time, so the watch sees the workspace after each step
+            stepped = step_episode(episode, [call], task.tools)
+            obs = stepped.observations[0]
+            messages.append(Message("tool", obs.content or stepped.error, name=call.name))
             seen.append(obs.content)
             if watch is not None:
                 watch(f"after step {len(seen)}")
-            if obs.status != OK:
-                status = obs.status
             if obs.status != OK or obs.done:
-                done = True
+                status, ended = obs.status, True
                 break
-        if done:
+        if ended:
             break
     if status != OK:
-        _close(episode)
+        close_episode(episode)
         return Played(messages, Reward(0.0, False, status=status), seen)
     try:
         reward = episode.verify(messages)
     except Exception as e:
         reward = Reward(0.0, False, details={"error": f"{type(e).__name__}: {e}"}, status=VERIFIER_ERROR)
+    close_episode(episode)
     return Played(messages, reward, seen)
-
-
-def _close(episode: object) -> None:
-    close = getattr(episode, "close", None)
-    if callable(close):
-        close()
 
 
 @dataclass

@@ -22,8 +22,6 @@ from assay.core.storage import atomic_write
 from assay.envs.qa.gate import GATE_VERSION, GateReport
 from assay.envs.registry import _version_key
 
-DEFAULT_STORE = Path("envqa")
-
 
 class VersionNotBumped(AssayError):
     pass
