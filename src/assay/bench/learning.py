@@ -48,7 +48,7 @@ def run_seeds(seeds: Sequence[int], name: str, run_dir: Path, overrides: Sequenc
         while todo and len(running) < jobs:
             s = todo.pop(0)
             run_dir.mkdir(parents=True, exist_ok=True)
-            logf = open(run_dir / f"{name}_s{s}.log", "w")  # noqa: SIM115 - closed when the run ends
+            logf = open(run_dir / f"{name}_s{s}.log", "w")  # closed when the run ends
             cmd = [sys.executable, "-m", "assay.cli", "quickstart", f"seed={s}", f"name={name}_s{s}",
                    f"run_dir={run_dir}", *([f"threads={threads}"] if threads else []), *overrides]
             log(f"seed {s}: {' '.join(cmd[3:])}  (log: {logf.name})")
@@ -129,6 +129,10 @@ def dynamics_table(summaries: dict[int, dict[str, Any]]) -> str:
     def fmt(x: float | None) -> str:
         return "–" if x is None else f"{x:.2f}"
 
+    def per_level(rows: list[dict[str, Any]], levels: list[int]) -> str:
+        """Each level's mean over rows (dicts keyed by level, as int or, read back from JSON, str)."""
+        return "/".join(fmt(avg([r.get(str(lv), r.get(lv)) for r in rows])) for lv in levels)
+
     for d in domains:
         ts = [t[d] for t in training if d in t]
         levels = sorted({int(lv) for t in ts for lv in t["groups_by_level"]})
@@ -136,18 +140,11 @@ def dynamics_table(summaries: dict[int, dict[str, Any]]) -> str:
                                       for t in ts])) for lv in levels)
         signal = f"{fmt(avg([t['first']['signal_share'] for t in ts]))} → {fmt(avg([t['last']['signal_share'] for t in ts]))}"
         entropy = f"{fmt(avg([t['first']['entropy'] for t in ts]))} → {fmt(avg([t['last']['entropy'] for t in ts]))}"
-
-        def level_rates(phase: str) -> str:
-            return "/".join(fmt(avg([t[phase]["pass_by_level"].get(str(lv), t[phase]["pass_by_level"].get(lv))
-                                     for t in ts])) for lv in levels)
-
+        first, last = ([t[phase]["pass_by_level"] for t in ts] for phase in ("first", "last"))
         evals = [r for s in seeds for r in summaries[s]["domains"] if r["domain"] == d]
-
-        def held_out(key: str) -> str:
-            return "/".join(fmt(avg([r[key].get(str(lv), r[key].get(lv)) for r in evals])) for lv in levels)
-
-        lines.append(f"| {d} | {by_level} | {signal} | {entropy} | {level_rates('first')} → {level_rates('last')} "
-                     f"| {held_out('sft_by_difficulty')} → {held_out('rl_by_difficulty')} |")
+        sft, rl = ([r[key] for r in evals] for key in ("sft_by_difficulty", "rl_by_difficulty"))
+        lines.append(f"| {d} | {by_level} | {signal} | {entropy} | {per_level(first, levels)} → "
+                     f"{per_level(last, levels)} | {per_level(sft, levels)} → {per_level(rl, levels)} |")
     return "\n".join(lines)
 
 
