@@ -90,6 +90,14 @@ class DomainEval:
         return (self.prompt_tokens * prompt_price + self.completion_tokens * completion_price) / 1e6
 
 
+def paired(before: DomainEval, after: DomainEval) -> tuple[list[list[bool]], list[list[bool]]]:
+    """Two evaluations' per-task passes on the tasks both measured, paired by task_id (never by position:
+    a task whose every sample failed on infrastructure is missing from one side)."""
+    b, a = dict(zip(before.task_ids, before.passes, strict=True)), dict(zip(after.task_ids, after.passes, strict=True))
+    shared = [t for t in before.task_ids if t in a]
+    return [b[t] for t in shared], [a[t] for t in shared]
+
+
 def summarize(domain: str, trajs: Sequence[Trajectory], ks: Sequence[int]) -> DomainEval:
     by_group: dict[str, list[Trajectory]] = {}
     for t in trajs:

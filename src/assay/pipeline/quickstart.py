@@ -17,7 +17,7 @@ from assay.core.checkpoint import latest_checkpoint
 from assay.core.config import Config, build_config, load_config
 from assay.core.modeling import load_model
 from assay.core.storage import atomic_write, prepare_run_dir
-from assay.eval.evaluate import DomainEval, evaluate
+from assay.eval.evaluate import DomainEval, evaluate, paired
 from assay.eval.passk import paired_difference_ci
 from assay.pipeline.async_pipeline import make_pipeline
 from assay.pipeline.overlap import check_overlap
@@ -48,7 +48,7 @@ def compare(before: dict[str, DomainEval], after: dict[str, DomainEval]) -> list
     rows = []
     for name in before:
         b, a = before[name], after[name]
-        diff = paired_difference_ci(b.passes, a.passes, k=1)
+        diff = paired_difference_ci(*paired(b, a), k=1)
         verdict = "lift" if diff.low > 0 else "regression" if diff.high < 0 else "no significant change"
         rows.append({"domain": name, "tasks": len(b.passes), "n": b.n,
                      "sft": vars(b.pass_at[1]), "rl": vars(a.pass_at[1]), "delta": vars(diff), "verdict": verdict,
@@ -64,7 +64,7 @@ def mean_difference(before: dict[str, DomainEval], after: dict[str, DomainEval],
     value, boot = 0.0, np.zeros(rounds)
     for name in before:
         diff = np.array([sum(a) / len(a) - sum(b) / len(b)
-                         for b, a in zip(before[name].passes, after[name].passes, strict=True)], dtype=float)
+                         for b, a in zip(*paired(before[name], after[name]), strict=True)], dtype=float)
         value += diff.mean() / len(before)
         boot += diff[rng.integers(0, len(diff), size=(rounds, len(diff)))].mean(axis=1) / len(before)
     low, high = np.percentile(boot, [2.5, 97.5])
