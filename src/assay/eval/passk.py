@@ -39,7 +39,8 @@ class Estimate:
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
 
 
-def _bootstrap(per_task: np.ndarray, rounds: int, seed: int) -> Estimate:
+def bootstrap_mean(per_task: np.ndarray, rounds: int = 2000, seed: int = 0) -> Estimate:
+    """The mean of per-task values with a 95% interval that resamples tasks, and its standard error."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(per_task), size=(rounds, len(per_task)))
     means = per_task[idx].mean(axis=1)
@@ -51,12 +52,12 @@ def _bootstrap(per_task: np.ndarray, rounds: int, seed: int) -> Estimate:
 def pass_at_k_ci(passes: Sequence[Sequence[bool]], k: int, rounds: int = 2000, seed: int = 0) -> Estimate:
     """passes[i] holds the n sample results of task i; the interval resamples tasks."""
     per_task = np.array([pass_at_k(len(p), sum(p), k) for p in passes], dtype=float)
-    return _bootstrap(per_task, rounds, seed)
+    return bootstrap_mean(per_task, rounds, seed)
 
 
 def pass_hat_k_ci(passes: Sequence[Sequence[bool]], k: int, rounds: int = 2000, seed: int = 0) -> Estimate:
     per_task = np.array([pass_hat_k(len(p), sum(p), k) for p in passes], dtype=float)
-    return _bootstrap(per_task, rounds, seed)
+    return bootstrap_mean(per_task, rounds, seed)
 
 
 def minimum_detectable_effect(diff_se: float) -> float:
@@ -71,4 +72,4 @@ def paired_difference_ci(before: Sequence[Sequence[bool]], after: Sequence[Seque
     if len(before) != len(after):
         raise ValueError("paired comparison needs the same tasks before and after")
     diff = np.array([pass_at_k(len(a), sum(a), k) - pass_at_k(len(b), sum(b), k) for b, a in zip(before, after, strict=True)])
-    return _bootstrap(diff, rounds, seed)
+    return bootstrap_mean(diff, rounds, seed)

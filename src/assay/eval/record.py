@@ -20,9 +20,10 @@ import numpy as np
 from assay.core.atomic import atomic_write
 from assay.core.errors import AssayError
 from assay.core.storage import TrajectoryWriter
+from assay.core.types import OK, Trajectory
 from assay.envs.base import Environment
 from assay.eval.evaluate import DomainEval
-from assay.eval.passk import Estimate, minimum_detectable_effect, pass_at_k
+from assay.eval.passk import Estimate, bootstrap_mean, minimum_detectable_effect, pass_at_k
 
 RECORD = "record.json"
 # Per-task metrics kept in a record and compared pairwise; pass@1 first.
@@ -44,13 +45,15 @@ def policy_identity(policy_dir: Path) -> dict[str, str]:
 
 
 def _per_task(r: DomainEval) -> dict[str, dict[str, Any]]:
+    by_task: dict[str, list[Trajectory]] = {}
+    for t in r.trajectories:
+        if t.status == OK:
+            by_task.setdefault(t.task.task_id, []).append(t)
     out: dict[str, dict[str, Any]] = {}
     for task_id, passes in zip(r.task_ids, r.passes, strict=True):
-        trajs = [t for t in r.trajectories if t.task.task_id == task_id and t.status == "ok"]
-        out[task_id] = {"passes": passes, "difficulty": trajs[0].task.difficulty if trajs else None,
-                        "turns": float(np.mean([t.turns for t in trajs])) if trajs else 0.0,
-                        "completion_tokens": float(np.mean([t.completion_tokens for t in trajs])) if trajs else 0.0,
-                        "tool_errors": float(np.mean([t.tool_errors for t in trajs])) if trajs else 0.0}
+        trajs = by_task[task_id]  # a task is listed only when some sample of it ran without failure
+        out[task_id] = {"passes": passes, "difficulty": trajs[0].task.difficulty,
+                        **{f: float(np.mean([getattr(t, f) for t in trajs])) for f in TASK_METRICS[1:]}}
     return out
 
 
@@ -134,15 +137,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], rounds: int = 2000, seed: int 
         for metric in TASK_METRICS:
             va = np.array([_task_value(ta[t], metric) for t in shared])
             vb = np.array([_task_value(tb[t], metric) for t in shared])
-            diff = vb - va
-            if len(shared):
-                rng = np.random.default_rng(seed)
-                means = diff[rng.integers(0, len(diff), size=(rounds, len(diff)))].mean(axis=1)
-                low, high = np.percentile(means, [2.5, 97.5])
-                se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
-                est = Estimate(float(diff.mean()), float(low), float(high), se)
-            else:
-                est = Estimate(0.0, 0.0, 0.0)
+            est = bootstrap_mean(vb - va, rounds, seed) if shared else Estimate(0.0, 0.0, 0.0)
             rows.append(Comparison(domain, metric, float(va.mean()) if len(va) else 0.0,
                                    float(vb.mean()) if len(vb) else 0.0, est, len(shared), len(set(ta) - set(tb)),
                                    len(set(tb) - set(ta)), minimum_detectable_effect(est.se)))

@@ -31,13 +31,14 @@ from assay.train.advantages import filter_zero_variance
 class AsyncPipeline(SyncPipeline):
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False) -> None:
         super().__init__(cfg, run_dir, resume)
-        rollout_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.backend = make_backend(self.cfg.rollout, rollout_model, self.tokenizer)
-        self.backend.update_weights([], version=self.start_step)
         self._weights: dict[int, list[tuple[str, Tensor]]] = {}
         self._lock = threading.Condition()  # guards the mixer and the two step counters
         self._trained = self._sampled = self.start_step
         self._eval_backend: Any = None
+
+    def rollout_backend(self) -> Any:
+        """A copy of the weights of its own: the trainer steps its tensors while the rollout samples."""
+        return make_backend(self.cfg.rollout, copy.deepcopy(self.model).eval().requires_grad_(False), self.tokenizer)
 
     def save(self, step: int) -> Path:
         with self._lock:  # the rollout thread draws from the mixer whose state is saved

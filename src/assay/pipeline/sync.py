@@ -55,7 +55,7 @@ class SyncPipeline:
             self.mixer.load_state_dict(state["mixer"])
             set_rng_state(blob["rng"])
             self.start_step = state["step"]
-        self.backend = make_backend(cfg.rollout, self.model, self.tokenizer)
+        self.backend = self.rollout_backend()
         self.backend.update_weights([], version=self.start_step)
         self.qa_store = Path(cfg.eval.qa_store) if cfg.eval.qa_store else run_dir / "envqa"
         self.watch = LoopholeWatch(cfg.eval.loophole_margin)
@@ -145,6 +145,10 @@ class SyncPipeline:
             metrics.log(step, {"loophole": warning}, kind="warning")
             if view:
                 view.warn(f"step {step}: {warning}")
+
+    def rollout_backend(self) -> Any:
+        """The backend rollouts run on: here the trainer's own weights (a weight sync is a version bump)."""
+        return make_backend(self.cfg.rollout, self.model, self.tokenizer)
 
     def eval_backend(self) -> Any:
         """The backend evaluations run on: the rollout's own (it runs the trainer's current weights)."""
