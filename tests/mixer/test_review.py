@@ -9,3 +9,20 @@ def test_review_draws_a_share_of_tasks_from_the_levels_below_the_current_one():
     levels = [t.difficulty for t in mixer.sample(400)]
     assert set(levels) == {1, 2, 3}
     assert 0.4 < levels.count(3) / len(levels) < 0.6
+
+
+def test_uniform_schedule_draws_every_level_in_equal_parts_and_never_moves():
+    dom = DomainConfig(name="arith", env="arith", difficulty=DifficultyRange(min=1, max=4, schedule="uniform"))
+    mixer = DomainMixer([dom], MixerConfig(), {"arith": get_env("arith")}, seed=0)
+    tasks = mixer.sample(800)
+    levels = [t.difficulty for t in tasks]
+    for lv in (1, 2, 3, 4):
+        assert 0.2 < levels.count(lv) / len(levels) < 0.3, lv
+    mixer.update([_passed(t) for t in tasks])  # everything passes: a curriculum would promote
+    assert mixer.curricula["arith"].level == 1 and not mixer.curricula["arith"].window
+
+
+def _passed(task):
+    from assay.core.types import Trajectory
+
+    return Trajectory(task=task, messages=[], token_ids=[], loss_mask=[], logprobs=[], prompt_len=0, reward=1.0, passed=True)

@@ -28,3 +28,21 @@ def test_a_run_records_the_thread_count_it_resolved(tiny_config, tmp_path):
     stored = yaml.safe_load((run / "config.yaml").read_text())["threads"]
     assert stored == pipeline.threads >= 1  # a resume reads this count instead of measuring again
     assert pipeline.cfg.threads == stored and cfg.threads == 0  # the caller's config is left as it was
+
+
+def test_sft_label_noise_gives_a_share_of_tasks_another_tasks_response(tiny_config):
+    from assay.pipeline.sft import demonstrations
+
+    cfg = load_config(tiny_config(name="noise"), ["sft.examples_per_domain=400", "sft.label_noise=0.3"])
+    envs = domain_envs(cfg)
+    pairs = demonstrations(cfg, envs)
+    clean = demonstrations(load_config(tiny_config(name="noise"), ["sft.examples_per_domain=400"]), envs)
+    assert [t.task_id for t, _ in pairs] == [t.task_id for t, _ in clean]  # the same prompts either way
+    for name, env in envs.items():
+        if name == "no_e":
+            continue  # every reference there is the same "ok"
+        mine = [(t, r) for t, r in pairs if t.env == f"{env.name}@{env.version}"]
+        swapped = sum(r != env.reference_solution(t) for t, r in mine)
+        assert len(mine) == 400 and 0.2 < swapped / len(mine) < 0.4, name
+    by_env = {f"{e.name}@{e.version}": e for e in envs.values()}
+    assert all(r == by_env[t.env].reference_solution(t) for t, r in clean)

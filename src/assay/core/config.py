@@ -42,6 +42,9 @@ class DifficultyRange(_Strict):
     max: int = 4
     start: int = 1
     review: float = Field(0.0, ge=0, lt=1)  # share of tasks drawn from the levels below the current one
+    # curriculum: start at `start`, promote and demote on the rolling pass rate; uniform: every level
+    # of [min, max] in equal parts for the whole run (the levels evaluation samples)
+    schedule: Literal["curriculum", "uniform"] = "curriculum"
 
     def levels(self, available: Sequence[int]) -> list[int]:
         """The environment's levels that fall in this range."""
@@ -112,6 +115,9 @@ class SFTConfig(_Strict):
     warmup: int = Field(20, ge=0)
     examples_per_domain: int = Field(2000, gt=0)
     max_level: int | None = Field(None, ge=1)  # SFT only on levels <= this (None: the domain's whole range)
+    # Share of demonstrations whose response is another task's (same domain and level): the label noise
+    # of demonstrations gathered from people or weaker models, which a verifier's reward can correct.
+    label_noise: float = Field(0.0, ge=0, lt=1)
 
 
 class RolloutConfig(_Strict):

@@ -108,8 +108,11 @@ class DomainMixer:
     def _generate(self, name: str) -> Task:
         cur = self.curricula[name]
         level = cur.level
-        review = self.domains[name].difficulty.review
-        if review and level > cur.min_level and self.rng.random() < review:  # keep the levels below in practice
+        difficulty = self.domains[name].difficulty
+        review = difficulty.review
+        if difficulty.schedule == "uniform":
+            level = self.rng.randint(cur.min_level, cur.max_level)
+        elif review and level > cur.min_level and self.rng.random() < review:  # keep the levels below in practice
             level = self.rng.randint(cur.min_level, level - 1)
         env = self.envs[name]
         task = draw_task(env, self.rng, level, "train")
@@ -140,7 +143,7 @@ class DomainMixer:
                 continue
             cur = self.curricula[name]
             for t in ok:
-                if t.task.difficulty == cur.level:  # late results from another level do not count here
+                if self.domains[name].difficulty.schedule == "curriculum" and t.task.difficulty == cur.level:  # late results from another level do not count here
                     cur.record(t.passed)
             # the level the results came from: the most common one, ties to the higher
             level = max(Counter(t.task.difficulty for t in ok).items(), key=lambda kv: (kv[1], kv[0]))[0]

@@ -10,7 +10,7 @@ from assay.agent.render import sft_example
 from assay.core.config import Config, dump_config
 from assay.core.modeling import apply_threads, save_model
 from assay.core.storage import MetricsLogger, atomic_write
-from assay.core.types import Task
+from assay.core.types import Message, Task
 from assay.envs.base import Environment
 from assay.envs.split import draw_task
 from assay.pipeline.policy import build_policy, domain_envs
@@ -35,10 +35,28 @@ def sft_tasks(cfg: Config, envs: dict[str, Environment]) -> dict[str, list[Task]
     return tasks
 
 
+def demonstrations(cfg: Config, envs: dict[str, Environment]) -> list[tuple[Task, list[Message]]]:
+    """(task, response) pairs of `sft_tasks`: each task's reference solution, except that a share
+    `sft.label_noise` of them get the reference solution of another task of the same level."""
+    pairs = []
+    for name, tasks in sft_tasks(cfg, envs).items():
+        env = envs[name]
+        by_level: dict[int, list[Task]] = {}
+        for task in tasks:
+            by_level.setdefault(task.difficulty, []).append(task)
+        rng = random.Random(f"sft-noise:{cfg.seed}:{name}")
+        for task in tasks:
+            source = task
+            if cfg.sft.label_noise and rng.random() < cfg.sft.label_noise:
+                others = [t for t in by_level[task.difficulty] if t.task_id != task.task_id]
+                source = rng.choice(others) if others else task
+            pairs.append((task, env.reference_solution(source)))
+    return pairs
+
+
 def build_examples(cfg: Config, envs: dict[str, Environment], tokenizer: Any) -> list[tuple[list[int], list[int]]]:
-    """Reference conversations of `sft_tasks`, rendered in the agent loop's token layout."""
-    return [sft_example(tokenizer, task, envs[name].reference_solution(task))
-            for name, tasks in sft_tasks(cfg, envs).items() for task in tasks]
+    """The demonstrations, rendered in the agent loop's token layout."""
+    return [sft_example(tokenizer, task, response) for task, response in demonstrations(cfg, envs)]
 
 
 def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
