@@ -37,7 +37,9 @@ def test_train_writes_a_complete_run_directory(tiny_config, tmp_path):
     assert model.config.num_hidden_layers == 1
     report = assay("report", str(run))
     assert report.returncode == 0, report.stderr
-    assert "data:image/png;base64" in (run / "report.html").read_text()
+    page = (run / "report.html").read_text()
+    assert "data:image/png;base64" in page
+    assert f"Training trajectories ({len(df)})" in page and page.count("<details class=traj>") == len(df)
 
 
 def test_resume_is_exact(tiny_config, tmp_path):

@@ -4,42 +4,17 @@ observations, reward). Plots are matplotlib PNGs embedded in the page."""
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from assay.core.atomic import atomic_write
+from assay.eval.page import figure_img, pyplot, trajectory_list, write_page
 from assay.eval.record import read_record
-
-MAX_TRAJECTORIES = 300  # listed in the page; the rest stay in trajectories/
-
-
-def _img(fig: Any, alt: str) -> str:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _curves(domains: dict[str, Any], key: str, title: str) -> str:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=90)
     for name, d in domains.items():
         points = sorted((int(k), e) for k, e in d["metrics"][key].items())
@@ -52,11 +27,11 @@ def _curves(domains: dict[str, Any], key: str, title: str) -> str:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _img(fig, title)
+    return figure_img(fig, title)
 
 
 def _difficulty_bars(domains: dict[str, Any]) -> str:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=90)
     width = 0.8 / max(len(domains), 1)
     for i, (name, d) in enumerate(domains.items()):
@@ -69,7 +44,7 @@ def _difficulty_bars(domains: dict[str, Any]) -> str:
     ax.set_ylim(0, 1)
     ax.set_title("pass rate by difficulty")
     ax.legend(fontsize=7)
-    return _img(fig, "pass rate by difficulty")
+    return figure_img(fig, "pass rate by difficulty")
 
 
 def _fmt(x: Any) -> str:
@@ -97,34 +72,6 @@ def _metric_table(domains: dict[str, Any]) -> str:
             + "</table>")
 
 
-def _trajectories(directory: Path) -> str:
-    shards = sorted((directory / "trajectories").glob("*.parquet"))
-    rows = [r for s in shards for r in pq.read_table(s, columns=["domain", "task_id", "difficulty", "messages",
-                                                                 "reward", "passed", "status", "turns"]).to_pylist()]
-    items = []
-    for r in rows[:MAX_TRAJECTORIES]:
-        turns = []
-        for m in json.loads(r["messages"]):
-            calls = "".join(f"<pre class=call>{html.escape(json.dumps(c['arguments']))} → {html.escape(c['name'])}</pre>"
-                            for c in m.get("tool_calls", []))
-            turns.append(f"<div class={m['role']}><b>{m['role']}</b><pre>{html.escape(m['content'])}</pre>{calls}</div>")
-        verdict = "pass" if r["passed"] else "fail" if r["status"] == "ok" else r["status"]
-        items.append(f"<details class=traj><summary>{html.escape(r['domain'])} · level {r['difficulty']} · "
-                     f"{html.escape(r['task_id'])} · {r['turns']} turns · reward {r['reward']:.2f} ({verdict})"
-                     f"</summary>{''.join(turns)}</details>")
-    more = f"<p>{len(rows) - MAX_TRAJECTORIES} more in trajectories/.</p>" if len(rows) > MAX_TRAJECTORIES else ""
-    return f"<h2>Trajectories ({len(rows)})</h2>" + "".join(items) + more
-
-
-_STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:auto} table{border-collapse:collapse;font-size:13px}"
-          "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right} td:first-child{text-align:left}"
-          "pre{white-space:pre-wrap;margin:2px 0;background:#f6f6f6} .assistant{border-left:3px solid #36c;padding-left:4px}"
-          ".tool{border-left:3px solid #c63;padding-left:4px} .call{background:#eef} img{margin:4px}")
-# Counts the plots that actually decoded: a check (and a test) can read it from the rendered DOM.
-_SCRIPT = ("<script>addEventListener('load',()=>{document.body.dataset.plotsRendered="
-           "[...document.images].filter(i=>i.naturalWidth>0).length})</script>")
-
-
 def write_eval_html(record_dir: Path) -> Path:
     record = read_record(record_dir)
     domains = record["domains"]
@@ -138,12 +85,8 @@ def write_eval_html(record_dir: Path) -> Path:
         "<h2>Metrics</h2>", _metric_table(domains),
         "<h2>Curves</h2>", _curves(domains, "pass_at", "pass@k"), _curves(domains, "pass_hat", "pass^k (all k pass)"),
         _difficulty_bars(domains),
-        _trajectories(record_dir),
+        trajectory_list(sorted((record_dir / "trajectories").glob("*.parquet"))),
         "<h2>Settings</h2><pre>" + html.escape(json.dumps({"settings": settings, "environments": record["environments"]},
                                                           indent=1)) + "</pre>",
     ]
-    page = (f"<!doctype html><meta charset=utf-8><title>Assay evaluation</title><style>{_STYLE}</style>{_SCRIPT}"
-            + "\n".join(sections))
-    out = record_dir / "report.html"
-    atomic_write(out, page)
-    return out
+    return write_page(record_dir / "report.html", "Assay evaluation", sections)

@@ -1,15 +1,16 @@
-"""`assay report`: a self-contained report.html with per-domain training curves as embedded PNGs."""
+"""`assay report`: a self-contained report.html with per-domain training curves as embedded PNGs and
+the last training trajectories to browse."""
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
-from assay.core.storage import atomic_write, read_metrics
+from assay.core.storage import read_metrics
+from assay.eval.page import figure_img, pyplot, trajectory_list, write_page
 
 PANELS = [("pass_rate", "pass rate"), ("reward_mean", "mean reward"), ("difficulty", "curriculum difficulty"),
           ("ratio", "mixer ratio"), ("completion_len", "completion tokens"), ("truncation_rate", "truncation rate"),
@@ -19,29 +20,33 @@ GLOBAL = [("loss", "loss"), ("grad_norm", "grad norm"), ("clip_frac", "clip frac
           ("groups_dropped", "groups dropped")]
 
 
-def _png(series: dict[str, list[tuple[int, float]]], title: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3), dpi=90)
+def _img(series: dict[str, list[tuple[int, float]]], title: str, colors: dict[str, str]) -> str:
+    fig, ax = pyplot().subplots(figsize=(5, 3), dpi=90)
     for label, points in sorted(series.items()):
-        ax.plot([s for s, _ in points], [v for _, v in points], label=label, linewidth=1.5)
+        color = colors.setdefault(label, f"C{len(colors) % 10}")  # one colour per domain on every panel
+        ax.plot([s for s, _ in points], [v for _, v in points], label=label, color=color, linewidth=1.5)
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
     if len(series) > 1:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+    return figure_img(fig, title)
 
 
-def _img(series: dict[str, list[tuple[int, float]]], title: str) -> str:
-    return f'<img alt="{html.escape(title)}" src="data:image/png;base64,{_png(series, title)}">'
+def _ci(e: dict[str, float]) -> str:
+    return f"{e['value']:.3f} [{e['low']:.3f}, {e['high']:.3f}]"
+
+
+def _summary(summary: dict[str, Any]) -> str:
+    """The quickstart's held-out table (SFT against RL, paired Δ), then the whole summary, folded."""
+    rows = "".join(f"<tr><td>{html.escape(d['domain'])}</td><td>{d['tasks']} × {d['n']}</td><td>{_ci(d['sft'])}</td>"
+                   f"<td>{_ci(d['rl'])}</td><td>{_ci(d['delta'])}</td><td>{html.escape(d['verdict'])}</td></tr>"
+                   for d in summary.get("domains", []))
+    table = ("<table id=summary><tr><th>domain</th><th>tasks × samples</th><th>after SFT</th><th>after RL</th>"
+             f"<th>Δ (paired, 95%)</th><th>verdict</th></tr>{rows}</table>" if rows else "")
+    overlap = f"<p>{html.escape(str(summary['overlap']))}</p>" if "overlap" in summary else ""
+    return (f"<h2>Held-out evaluation</h2>{table}{overlap}<details><summary>summary.json</summary><pre>"
+            f"{html.escape(json.dumps(summary, indent=1))}</pre></details>")
 
 
 def write_report(run_dir: Path) -> Path:
@@ -62,13 +67,11 @@ def write_report(run_dir: Path) -> Path:
                 f"<p>{len(records)} training steps recorded in {html.escape(str(run_dir / 'metrics.jsonl'))}.</p>"]
     summary = run_dir / "summary.json"
     if summary.is_file():
-        sections.append(f"<h2>Evaluation</h2><pre>{html.escape(json.dumps(json.loads(summary.read_text()), indent=1))}</pre>")
+        sections.append(_summary(json.loads(summary.read_text())))
     sections.append("<h2>Per domain</h2>")
-    sections += [_img(per_key[k], title) for k, title in PANELS if per_key.get(k)]
+    colors: dict[str, str] = {}
+    sections += [_img(per_key[k], title, colors) for k, title in PANELS if per_key.get(k)]
     sections.append("<h2>Optimisation</h2>")
-    sections += [_img(per_key[k], title) for k, title in GLOBAL if per_key.get(k)]
-    page = "<!doctype html><meta charset=utf-8><title>Assay report</title>" \
-           "<style>body{font-family:sans-serif;max-width:1100px;margin:auto} img{margin:4px}</style>" + "\n".join(sections)
-    out = run_dir / "report.html"
-    atomic_write(out, page)
-    return out
+    sections += [_img(per_key[k], title, colors) for k, title in GLOBAL if per_key.get(k)]
+    sections.append(trajectory_list(sorted((run_dir / "trajectories").glob("*.parquet")), "Training trajectories"))
+    return write_page(run_dir / "report.html", f"Assay run {run_dir.name}", sections)
