@@ -1,3 +1,5 @@
+import time
+
 import torch
 from agent_fakes import FakeEpisode, ScriptedBackend, calc_task, reference, turn
 
@@ -100,6 +102,25 @@ def test_max_turns_stops_and_still_verifies(tok):
     assert ep.verified == traj.messages and len(ep.calls) == 2  # the last turn's call ran, its output is recorded
     assert traj.messages[-1] == Message("tool", "8", name="calc")
     assert traj.loss_mask[-1] == 1  # but no tokens follow the last sampled <|im_end|>
+
+
+def test_time_limit_stops_after_the_turn_that_crosses_it_and_still_verifies(tok):
+    task = calc_task(4, 4)
+    call = Message("assistant", "", [ToolCall("calc", {"expression": "4+4"})])
+
+    class SlowEpisode(FakeEpisode):
+        def step(self, c):
+            time.sleep(0.05)
+            return super().step(c)
+
+    backend = ScriptedBackend(script_of(tok, task, [call] * 5))
+    ep = SlowEpisode(task)
+    [traj] = run_episodes(backend, [(task, ep)], tok, PARAMS, max_turns=5, max_context=1024, time_limit_s=0.01)
+    assert (traj.finish_reason, traj.turns, traj.passed, traj.status) == ("time_limit", 1, False, OK)
+    assert ep.verified == traj.messages and len(ep.calls) == 1
+    [unlimited] = run_episodes(ScriptedBackend(script_of(tok, task, [call] * 5)), [(task, FakeEpisode(task))], tok,
+                               PARAMS, max_turns=5, max_context=1024, time_limit_s=60)
+    assert (unlimited.finish_reason, unlimited.turns) == ("max_turns", 5)
     assert tok.decode(traj.token_ids[-1:], skip_special_tokens=False) == "<|im_end|>"
 
 

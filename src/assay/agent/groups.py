@@ -35,7 +35,8 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=dom.max_new_tokens,
                                 stop_token_ids=stop_token_ids(tokenizer), seed=seed)
         episodes = [task for _, task in items for _ in range(n)]
-        jobs[name] = [EpisodeJob(task, envs[name].start(task, None), params, dom.max_turns, dom.max_context, k)
+        jobs[name] = [EpisodeJob(task, envs[name].start(task, None), params, dom.max_turns, dom.max_context, k,
+                                 dom.time_limit_s)
                       for k, task in enumerate(episodes)]
     if online:
         if not isinstance(backend, Engine):
@@ -46,7 +47,8 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
             done[name], start = flat[start:start + len(js)], start + len(js)
     else:
         done = {name: run_episodes(backend, [(j.task, j.episode) for j in js], tokenizer, js[0].params,
-                                   js[0].max_turns, js[0].max_context, policy_version) for name, js in jobs.items()}
+                                   js[0].max_turns, js[0].max_context, policy_version, js[0].time_limit_s)
+                for name, js in jobs.items()}
     results: dict[int, list[Trajectory]] = {}
     for name, items in by_domain.items():
         n = len(done[name]) // len(items)

@@ -48,6 +48,7 @@ class EpisodeJob:
     max_turns: int
     max_context: int
     stream: int  # which of the seed's random streams its samples draw: its index in its batch
+    time_limit_s: float | None = None  # wall clock from its start; checked after each turn
 
 
 @dataclass
@@ -65,6 +66,7 @@ class _Run:
     error: str = ""
     versions: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "tool_s": 0.0, "verify_s": 0.0})
+    started: float = field(default_factory=time.perf_counter)
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.ids += ids
@@ -80,19 +82,21 @@ def run_episodes(
     max_turns: int,
     max_context: int,
     policy_version: int = 0,
+    time_limit_s: float | None = None,
 ) -> list[Trajectory]:
     """Act out every (task, episode) to the end and verify it; one trajectory per item, in order.
     All unfinished episodes take their next turn together, in one backend call.
 
     An episode ends on an answer (a turn without tool calls, or a tool result with done: "stop"),
-    after max_turns assistant turns ("max_turns"), on a turn cut at max_tokens ("length"), or when
+    after max_turns assistant turns ("max_turns"), after a turn that ends past time_limit_s seconds
+    from the episode's start ("time_limit"), on a turn cut at max_tokens ("length"), or when
     the next turn or tool result would not fit in max_context tokens ("context"); each is then verified
     on its messages. An infrastructure failure (an Observation or Reward status other than ok, an
     exception from the environment) sets the trajectory's status instead of a reward.
     Trajectory.policy_version is the oldest weights version that sampled any of its tokens
     (`policy_version` when nothing was sampled). timings["generate_s"] is the wall time of the batched
     generate calls the episode took part in."""
-    runs = [_start(EpisodeJob(task, episode, params, max_turns, max_context, i), tokenizer)
+    runs = [_start(EpisodeJob(task, episode, params, max_turns, max_context, i, time_limit_s), tokenizer)
             for i, (task, episode) in enumerate(items)]
     while active := [r for r in runs if not r.finish]:
         reqs = [_request(r) for r in active]
@@ -230,6 +234,9 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
         return
     if r.turns >= job.max_turns:
         r.finish = "max_turns"
+        return
+    if job.time_limit_s is not None and time.perf_counter() - r.started > job.time_limit_s:
+        r.finish = "time_limit"
         return
     obs_ids = observation_ids(tokenizer, [o.content for _, o in observations])
     if len(r.ids) + len(obs_ids) >= job.max_context:  # no room left to sample even one token after it

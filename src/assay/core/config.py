@@ -65,6 +65,9 @@ class DomainConfig(_Strict):
     max_new_tokens: int = Field(64, gt=0)  # per assistant turn
     max_turns: int = Field(1, gt=0)
     max_context: int = Field(512, gt=0)
+    # wall-clock budget of one episode in seconds, checked after each turn (None: no limit); an episode
+    # past it stops acting and is verified as it stands, like one that ran out of turns
+    time_limit_s: float | None = Field(None, gt=0)
     difficulty: DifficultyRange = DifficultyRange()
     acceptance: float = Field(0.8, gt=0, le=1)  # rolling pass rate that promotes difficulty
     regression: float = Field(0.3, ge=0, lt=1)  # rolling pass rate below which difficulty drops

@@ -14,7 +14,7 @@ VERIFIER_ERROR: Status = "verifier_error"
 ROLLOUT_ERROR: Status = "rollout_error"
 # Why an episode ended ("" while it runs): an answer, a turn cut at max_tokens, the turn limit, the
 # context limit, or an error.
-FinishReason = Literal["", "stop", "length", "max_turns", "context", "error"]
+FinishReason = Literal["", "stop", "length", "max_turns", "time_limit", "context", "error"]
 Role = Literal["system", "user", "assistant", "tool"]
 
 

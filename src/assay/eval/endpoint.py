@@ -124,6 +124,9 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
         if observations[-1].done:
             finish = "stop"
             break
+        if dom.time_limit_s is not None and time.perf_counter() - t0 > dom.time_limit_s:
+            finish = "time_limit"
+            break
     reward, passed, info = 0.0, False, {}
     if status == OK:
         try:

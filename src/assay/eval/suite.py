@@ -4,7 +4,7 @@
 name: golden
 samples: 4                 # per task
 seed: 0                    # draws the tasks of entries given by count
-limits: {max_turns: 5, max_new_tokens: 64, max_context: 1024, temperature: 1.0}
+limits: {max_turns: 5, max_new_tokens: 64, max_context: 1024, temperature: 1.0, time_s: 120}
 entries:
   - env: arith@1           # name@version: a suite pins the version ...
     hash: 8f239d2fe25f     # ... and the content hash it was checked at (assay eval pin SUITE.yaml)
@@ -46,6 +46,7 @@ class SuiteLimits(_Strict):
     max_new_tokens: int = Field(64, ge=1)
     max_context: int = Field(1024, ge=1)
     temperature: float = Field(1.0, ge=0)
+    time_s: float | None = Field(None, gt=0)  # wall-clock budget per episode (None: none)
 
 
 class SuiteEntry(_Strict):
@@ -190,6 +191,7 @@ def suite_domains(suite: Suite, envs: dict[str, Environment]) -> dict[str, Domai
         levels = sorted(entry.levels or envs[entry.label].difficulties)
         out[entry.label] = DomainConfig(name=entry.label, env=entry.env, max_new_tokens=lim.max_new_tokens,
                                         max_turns=lim.max_turns, max_context=lim.max_context,
+                                        time_limit_s=lim.time_s,
                                         difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
     return out
 
