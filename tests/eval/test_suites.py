@@ -12,7 +12,7 @@ from assay.core.errors import ConfigError
 from assay.core.modeling import save_model
 from assay.envs.split import eval_share, split_of
 from assay.eval.record import read_record
-from assay.eval.suite import load_suite, pin, resolve_entries, suite_tasks
+from assay.eval.suite import load_suite, pin, resolve_entries, suite_domains, suite_tasks
 from assay.pipeline.policy import build_policy, domain_envs
 from assay.pipeline.quickstart import default_config
 
@@ -34,6 +34,10 @@ def test_shipped_suites_are_pinned_to_todays_environments(path):
     assert tasks == suite_tasks(suite, envs)  # the same tasks every time
     if suite.name == "golden":
         assert 20 <= len(tasks) <= 50 and len(envs) >= 3
+    domains = suite_domains(suite, envs)
+    assert all(d.max_turns == suite.limits.max_turns and d.time_limit_s == suite.limits.time_s for d in domains.values())
+    if suite.name == "terminal":
+        assert suite.limits.time_s == 300
 
 
 def _write(tmp_path, text, name="s.yaml"):
