@@ -3,7 +3,8 @@ import torch
 from train_helpers import Bigram, tiny_qwen
 
 from assay.core.errors import AssayError
-from assay.train.sft import lr_at, sft_loss, sft_step, sft_train
+from assay.train.batching import lr_at
+from assay.train.sft import sft_loss, sft_step, sft_train
 
 torch.set_num_threads(1)
 
@@ -29,8 +30,9 @@ def test_step_updates_and_returns_loss_before_step():
 
 
 def test_lr_schedule_by_hand():
-    assert [lr_at(s, 10, 1.0, 2) for s in (0, 1, 2, 6)] == pytest.approx([0.5, 1.0, 1.0, 0.5])
-    assert lr_at(0, 5, 0.1, 0) == pytest.approx(0.1)
+    assert [lr_at(s, 1.0, 2, decay_steps=10) for s in (0, 1, 2, 6)] == pytest.approx([0.5, 1.0, 1.0, 0.5])
+    assert lr_at(0, 0.1, 0, decay_steps=5) == pytest.approx(0.1)
+    assert [lr_at(s, 1.0, 4) for s in (0, 3, 4, 100)] == [0.25, 1.0, 1.0, 1.0]  # no decay: warmup, then constant
 
 
 def memorization_set() -> list[tuple[list[int], list[int]]]:
@@ -65,7 +67,7 @@ def test_sft_memorizes_and_is_deterministic():
 
 
 def test_bad_examples_raise():
-    with pytest.raises(AssayError, match="mask entries"):
+    with pytest.raises(AssayError, match="one entry per token"):
         sft_train(tiny_qwen(), [([1, 2, 3], [0, 1])], 1, 1, 1e-3, 0, 0)
     with pytest.raises(AssayError, match="no token to learn"):
         sft_train(tiny_qwen(), [([1, 2, 3], [0, 0, 0])], 1, 1, 1e-3, 0, 0)

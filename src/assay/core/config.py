@@ -115,7 +115,10 @@ class SFTConfig(_Strict):
     steps: int = Field(300, ge=0)
     batch_size: int = Field(32, gt=0)
     lr: float = Field(2e-3, gt=0)
-    warmup: int = Field(20, ge=0)
+    warmup: int = Field(20, ge=0)  # linear warmup steps, then cosine decay to 0 at `steps`
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
     examples_per_domain: int = Field(2000, gt=0)
     max_level: int | None = Field(None, ge=1)  # SFT only on levels <= this (None: the domain's whole range)
     # Share of demonstrations whose response is another task's (same domain and level): the label noise

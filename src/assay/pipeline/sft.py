@@ -74,8 +74,9 @@ def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
             view.advance(step, f"loss {loss:.3f}")
 
     try:
-        sft_train(model, examples, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
-                  warmup=cfg.sft.warmup, seed=cfg.seed, on_step=on_step)
+        s = cfg.sft
+        sft_train(model, examples, steps=s.steps, batch_size=s.batch_size, lr=s.lr, warmup=s.warmup, seed=cfg.seed,
+                  on_step=on_step, weight_decay=s.weight_decay, grad_clip=s.grad_clip, betas=s.betas)
     finally:
         metrics.close()
     out = run_dir / "policy"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Iterator, Sequence
 
@@ -11,31 +10,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from assay.core.errors import AssayError
+from assay.train.batching import adamw, check_sequence, lr_at, pad_tokens, set_lr
 
 Example = tuple[list[int], list[int]]  # token ids, loss mask (1 on the tokens to learn)
-PAD_ID = 0
 
 
 def _check(i: int, ids: Sequence[int], mask: Sequence[int]) -> None:
-    if len(ids) != len(mask):
-        raise AssayError(f"SFT example {i}: {len(ids)} token ids but {len(mask)} mask entries; they must match")
-    if len(ids) < 2 or not any(mask[1:]):
-        raise AssayError(f"SFT example {i} has no token to learn (mask is 0 after the first token); drop it")
-    if mask[0]:
-        raise AssayError(f"SFT example {i}: mask[0] is 1, but the first token has no prediction; start with the prompt")
+    check_sequence(f"SFT example {i}", ids, mask)
+    if not any(mask):
+        raise AssayError(f"SFT example {i} has no token to learn (its loss mask is all 0); drop it")
 
 
 def pad_batch(batch: Sequence[Example], device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """Right-pad to the longest example: (input_ids, attention_mask, loss_mask)."""
-    width = max(len(ids) for ids, _ in batch)
-    ids_t = torch.full((len(batch), width), PAD_ID, dtype=torch.long)
-    attn = torch.zeros((len(batch), width), dtype=torch.long)
-    mask_t = torch.zeros((len(batch), width), dtype=torch.float32)
-    for row, (ids, mask) in enumerate(batch):
-        ids_t[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attn[row, : len(ids)] = 1
-        mask_t[row, : len(ids)] = torch.tensor(mask, dtype=torch.float32)
-    return ids_t.to(device), attn.to(device), mask_t.to(device)
+    ids, attn, mask = pad_tokens([ids for ids, _ in batch], [mask for _, mask in batch])
+    return ids.to(device), attn.to(device), mask.to(device)
 
 
 def sft_loss(model: nn.Module, batch: Sequence[Example]) -> Tensor:
@@ -63,14 +52,6 @@ def sft_step(
     return float(loss.item())
 
 
-def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
-    """Linear warmup over `warmup` steps to `lr`, then cosine decay towards 0 at `steps`."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 def _batches(n: int, batch_size: int, rng: random.Random) -> Iterator[list[int]]:
     """Endless shuffled passes over the indices; a batch may straddle two passes."""
     pending: list[int] = []
@@ -94,6 +75,7 @@ def sft_train(
     on_step: Callable[[int, float, float], None] | None = None,
     weight_decay: float = 0.0,
     grad_clip: float | None = 1.0,
+    betas: tuple[float, float] = (0.9, 0.95),
 ) -> list[float]:
     """AdamW with warmup + cosine; the batch order depends only on `seed`. Returns the loss per step;
     `on_step(step, loss, lr)` is called after each step (for logging)."""
@@ -105,15 +87,12 @@ def sft_train(
         )
     for i, (ids, mask) in enumerate(examples):
         _check(i, ids, mask)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay
-    )
+    optimizer = adamw(model.parameters(), lr, betas, weight_decay)
     batches = _batches(len(examples), batch_size, random.Random(seed))
     losses = []
     for step in range(steps):
-        rate = lr_at(step, steps, lr, warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = rate
+        rate = lr_at(step, lr, warmup, decay_steps=steps)
+        set_lr(optimizer, rate)
         loss = sft_step(model, optimizer, [examples[i] for i in next(batches)], grad_clip)
         losses.append(loss)
         if on_step is not None:

@@ -18,9 +18,8 @@ from assay.core.config import TrainConfig
 from assay.core.errors import AssayError
 from assay.core.types import Trajectory
 from assay.train.advantages import group_advantages
+from assay.train.batching import adamw, check_sequence, lr_at, pad_tokens, right_pad, set_lr
 from assay.train.losses import aggregate, kl_penalty, policy_loss, token_logprobs
-
-PAD_ID = 0  # any id works: padded positions are masked out of attention and loss
 
 
 @dataclass
@@ -29,35 +28,30 @@ class Sample:
     advantage: float
 
 
+@dataclass
+class DomainSums:
+    """Per domain, summed over its completion tokens: what the trainer reports per domain."""
+
+    mismatch: float = 0.0  # |trainer logprob - behaviour logprob|
+    entropy: float = 0.0
+    kl_ref: float = 0.0
+    tokens: float = 0.0
+
+    def add(self, mismatch: float, entropy: float, kl_ref: float, tokens: float) -> None:
+        self.mismatch += mismatch
+        self.entropy += entropy
+        self.kl_ref += kl_ref
+        self.tokens += tokens
+
+
 def _check(i: int, t: Trajectory) -> None:
-    n = len(t.token_ids)
-    where = f"trajectory {i} (task {t.task.task_id!r})"
-    if n == 0:
-        raise AssayError(f"{where} has no tokens; drop empty trajectories before training")
-    if len(t.loss_mask) != n or len(t.logprobs) != n:
-        raise AssayError(
-            f"{where}: token_ids, loss_mask and logprobs must have one entry per token, "
-            f"got {n}, {len(t.loss_mask)}, {len(t.logprobs)}"
-        )
-    if t.loss_mask[0]:
-        raise AssayError(
-            f"{where}: loss_mask[0] is 1, but the first token has no prediction; it must be a prompt token"
-        )
+    check_sequence(f"trajectory {i} (task {t.task.task_id!r})", t.token_ids, t.loss_mask, logprobs=t.logprobs)
 
 
 def _pad(samples: Sequence[Sample], device: torch.device) -> dict[str, Tensor]:
     """Right-pad a micro-batch."""
-    width = max(len(s.traj.token_ids) for s in samples)
-    ids = torch.full((len(samples), width), PAD_ID, dtype=torch.long)
-    attn = torch.zeros((len(samples), width), dtype=torch.long)
-    mask = torch.zeros((len(samples), width), dtype=torch.float32)
-    old = torch.zeros((len(samples), width), dtype=torch.float32)
-    for row, s in enumerate(samples):
-        n = len(s.traj.token_ids)
-        ids[row, :n] = torch.tensor(s.traj.token_ids, dtype=torch.long)
-        attn[row, :n] = 1
-        mask[row, :n] = torch.tensor(s.traj.loss_mask, dtype=torch.float32)
-        old[row, :n] = torch.tensor(s.traj.logprobs, dtype=torch.float32)
+    ids, attn, mask = pad_tokens([s.traj.token_ids for s in samples], [s.traj.loss_mask for s in samples])
+    old = right_pad([s.traj.logprobs for s in samples], torch.float32)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     out = {"input_ids": ids, "attention_mask": attn, "mask": mask, "old": old, "adv": adv}
     return {k: v.to(device) for k, v in out.items()}
@@ -77,7 +71,7 @@ class GRPOTrainer:
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
         self.steps = 0  # optimizer steps taken
 
     @property
@@ -119,21 +113,13 @@ class GRPOTrainer:
             if not math.isfinite(m["grad_norm"]):  # one bad step would poison the weights and Adam's moments
                 self.optimizer.zero_grad(set_to_none=True)
                 return {**base, **m, **first, "skipped": 1.0, "nonfinite": 1.0, "optimizer_steps": float(self.steps)}
-            self._set_lr()
+            set_lr(self.optimizer, lr_at(self.steps, self.cfg.lr, self.cfg.warmup_steps))
             self.optimizer.step()
             self.steps += 1
             for k, v in m.items():
                 totals[k] += v
         means = {k: v / self.cfg.updates_per_batch for k, v in totals.items()}
         return {**base, **means, **first, "skipped": 0.0, "optimizer_steps": float(self.steps)}
-
-    def _set_lr(self) -> None:
-        """Linear warmup: Adam's first updates move every weight by about lr whatever the gradient's
-        size, so a fresh optimizer on a noisy RL gradient starts small."""
-        warm = self.cfg.warmup_steps
-        rate = self.cfg.lr * min(1.0, (self.steps + 1) / warm) if warm else self.cfg.lr
-        for group in self.optimizer.param_groups:
-            group["lr"] = rate
 
     def accumulate_gradients(self, batch: Sequence[Trajectory]) -> dict[str, float]:
         """Fill .grad with the batch's loss gradient (no optimizer step); returns the step's metrics."""
@@ -147,8 +133,7 @@ class GRPOTrainer:
         n_seqs = float(sum(1 for s in samples if any(s.traj.loss_mask)))
         normalizer = n_tokens if lc.aggregation == "token" else n_seqs
         sums: dict[str, float] = defaultdict(float)
-        # per domain: |mismatch| sum, entropy sum, KL-to-reference sum, tokens
-        per_domain: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+        per_domain: dict[str, DomainSums] = defaultdict(DomainSums)
         for lo in range(0, len(samples), cfg.micro_batch):
             chunk = samples[lo : lo + cfg.micro_batch]
             b = _pad(chunk, self.device)
@@ -173,18 +158,16 @@ class GRPOTrainer:
             ent = (entropy.detach() * mask).sum(-1)
             kls = kl_tok if lc.kl_coef > 0 else torch.zeros_like(gap)
             for s, row in zip(chunk, torch.stack([gap, ent, kls, mask.sum(-1)], -1).tolist(), strict=True):
-                acc = per_domain[s.traj.task.domain]
-                for i, v in enumerate(row):
-                    acc[i] += v
+                per_domain[s.traj.task.domain].add(*row)
         out = {"loss": sums["loss"]}
         for k in ("clip_frac", "approx_kl", "ratio_mean", "entropy", "kl_ref"):
             out[k] = sums[k] / max(n_tokens, 1.0)
-        out["mismatch"] = sum(a[0] for a in per_domain.values()) / max(n_tokens, 1.0)
-        for domain, (gap_sum, ent_sum, kl_sum, n) in sorted(per_domain.items()):
-            if n:
-                out[f"mismatch/{domain}"] = gap_sum / n
-                out[f"entropy/{domain}"] = ent_sum / n
-                out[f"kl_ref/{domain}"] = kl_sum / n
+        out["mismatch"] = sum(a.mismatch for a in per_domain.values()) / max(n_tokens, 1.0)
+        for domain, acc in sorted(per_domain.items()):
+            if acc.tokens:
+                out[f"mismatch/{domain}"] = acc.mismatch / acc.tokens
+                out[f"entropy/{domain}"] = acc.entropy / acc.tokens
+                out[f"kl_ref/{domain}"] = acc.kl_ref / acc.tokens
         return out
 
     def _logprobs(self, model: nn.Module, b: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
