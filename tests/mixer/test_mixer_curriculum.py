@@ -37,8 +37,8 @@ def test_saturated_at_max():
     c = make(level=3)
     for _ in range(4):
         assert c.record(True) == 0
-    assert c.level == 3 and c.saturated
-    assert not make(level=2).saturated
+    assert c.level == 3 and c.saturated(c.pass_rate)
+    assert not make(level=2).saturated(1.0) and not c.saturated(None) and not c.saturated(0.5)
 
 
 def test_between_thresholds_stays():

@@ -51,11 +51,10 @@ class Curriculum:
     def full(self) -> bool:
         return len(self.window) >= self.window_size
 
-    @property
-    def saturated(self) -> bool:
-        """At the top level and still clearing the acceptance bar: nothing left to learn here."""
-        rate = self.pass_rate
-        return self.level == self.max_level and self.full and rate is not None and rate >= self.acceptance
+    def saturated(self, rate: float | None) -> bool:
+        """At the top level and passing at `rate` >= the acceptance bar: nothing left to learn here.
+        The rate is the caller's (the mixer's is over its recent updates)."""
+        return rate is not None and self.level == self.max_level and rate >= self.acceptance
 
     def record(self, passed: bool) -> int:
         """Add one pass result at the current level; returns the level change (-1, 0 or +1)."""

@@ -162,13 +162,12 @@ class DomainMixer:
         """The adaptive strategy's unnormalized preference per domain (before weights and floor)."""
         w = self.cfg.progress_window
         out: dict[str, float] = {}
-        for name, d in self.domains.items():
+        for name in self.domains:
             rates = [r for r, _ in self.history[name]]
             recent = rates[-w:]
             p = sum(recent) / len(recent) if recent else None
             score = abs(progress(rates, w)) + (p * (1 - p) if p is not None else UNKNOWN_UNCERTAINTY)
-            cur = self.curricula[name]
-            if p is not None and cur.level == cur.max_level and p >= d.acceptance:
+            if self.curricula[name].saturated(p):
                 score *= SATURATED_SCALE
             out[name] = score
         return out

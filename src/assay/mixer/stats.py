@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from assay.core.types import OK, Trajectory
+from assay.train.advantages import has_signal
 
 TRUNCATED = ("length", "context")  # finish reasons that mean the model was cut off
 
@@ -65,10 +66,10 @@ def summarize(trajs: Sequence[Trajectory], difficulty: int, ratio: float) -> Dom
 
 
 def _signal_share(ok: Sequence[Trajectory]) -> float | None:
-    groups: dict[str, set[float]] = {}
+    groups: dict[str, list[float]] = {}
     for t in ok:
-        groups.setdefault(t.group_id, set()).add(t.reward)
-    return sum(len(r) > 1 for r in groups.values()) / len(groups) if groups else None
+        groups.setdefault(t.group_id, []).append(t.reward)
+    return sum(has_signal(r) for r in groups.values()) / len(groups) if groups else None
 
 
 def _mean(xs: Sequence[float]) -> float:

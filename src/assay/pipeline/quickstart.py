@@ -25,6 +25,7 @@ from assay.pipeline.policy import domain_envs
 from assay.pipeline.sft import run_sft
 from assay.pipeline.ui import RunView
 from assay.rollout.factory import make_backend
+from assay.train.advantages import has_signal
 
 
 def default_config_text() -> str:
@@ -104,7 +105,7 @@ def training_dynamics(run_dir: Path) -> dict[str, dict[str, Any]]:
                 by_level.setdefault(g[0]["difficulty"], []).extend(r["passed"] for r in g)
             ent = [m[f"entropy/{name}"] for m in metrics if inside(m["step"]) and f"entropy/{name}" in m]
             d[phase] = {"pass_by_level": {lv: sum(p) / len(p) for lv, p in sorted(by_level.items())},
-                        "signal_share": sum(len({r["reward"] for r in g}) > 1 for g in gs) / len(gs) if gs else None,
+                        "signal_share": sum(has_signal([r["reward"] for r in g]) for g in gs) / len(gs) if gs else None,
                         "entropy": sum(ent) / len(ent) if ent else None}
         level_track = [m[f"domain/{name}/difficulty"] for m in metrics if f"domain/{name}/difficulty" in m]
         d["level_changes"] = sum(a != b for a, b in zip(level_track, level_track[1:], strict=False))

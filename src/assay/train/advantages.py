@@ -81,6 +81,11 @@ def group_advantages(
     return adv
 
 
+def has_signal(rewards: Sequence[float]) -> bool:
+    """Whether a GRPO group's rewards vary: the only groups with a non-zero advantage (and gradient)."""
+    return len(rewards) >= 2 and max(rewards) != min(rewards)
+
+
 def filter_zero_variance(trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], int]:
     """Dynamic sampling (DAPO): drop every group whose ok members all have the same reward (or that
     has fewer than two ok members), since its advantages are all zero. Returns (kept, groups dropped);
@@ -88,8 +93,7 @@ def filter_zero_variance(trajs: Sequence[Trajectory]) -> tuple[list[Trajectory],
     skips them) so they stay visible to logging."""
     keep: set[str] = set()
     for gid, idx in _groups(trajs).items():
-        rewards = [trajs[i].reward for i in idx]
-        if len(rewards) >= 2 and max(rewards) != min(rewards):
+        if has_signal([trajs[i].reward for i in idx]):
             keep.add(gid)
     all_groups = {t.group_id for t in trajs}
     kept = [t for t in trajs if t.group_id in keep]
