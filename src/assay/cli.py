@@ -101,7 +101,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
           tasks: Annotated[int, typer.Option(help="tasks per environment")] = _EVAL.tasks_per_domain,
           difficulty: Annotated[list[int] | None, typer.Option(help="levels to cover (default: all)")] = None,
           temperature: float = _EVAL.temperature, seed: int = _EVAL.seed,
-          max_new_tokens: int = _DOMAIN.max_new_tokens, max_turns: int = 4,
+          max_new_tokens: int = _DOMAIN.max_new_tokens, max_turns: int = _EVAL.max_turns,
           backend: Annotated[str, typer.Option(help="rollout backend: engine or hf")] = "engine",
           run: Annotated[Path | None, typer.Option(help="runs/NAME that trained the policy: check that no "
                                                    "evaluation task is in its RL trajectories or SFT data")] = None,

@@ -150,6 +150,9 @@ class EvalConfig(_Strict):
     n: int = Field(8, gt=0)  # samples per task
     seed: int = 1_000_003  # held-out: disjoint from training seeds
     temperature: float = Field(1.0, gt=0)
+    # `assay eval --env` builds its domains with these (a run's domains carry their own): enough turns
+    # for the tool environments, where a single turn can only call a tool, never read its result
+    max_turns: int = Field(4, gt=0)
     every: int = Field(0, ge=0)  # during training: evaluate on the evaluation partition every N steps (0: never)
     qa_store: str | None = None  # training's pass rates per env version and level go here; None: RUN/envqa
     loophole_margin: float = Field(0.1, gt=0)  # a training rise this large with no held-out rise is flagged
