@@ -65,3 +65,15 @@ def test_a_failure_on_the_rollout_thread_ends_the_run_with_its_error(tiny_config
         pipeline.run()
     steps = [json.loads(line)["step"] for line in (tmp_path / "boom" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]  # what was trained before the failure is recorded
+
+
+def test_stale_batches_report_their_age_and_the_decoupled_objective_its_weights(tiny_config, tmp_path):
+    _, log, _ = _run(tiny_config, tmp_path, "dec", "pipeline.mode=async", "pipeline.max_staleness=1",
+                     "train.loss.decoupled=true", "train.updates_per_batch=2")
+    trained = [r for r in log if not r["skipped"]]
+    assert trained
+    for r in trained:
+        assert r["staleness_mean"] == r["staleness"] == r["staleness_max"]  # one sampling version per batch
+        assert r[f"staleness_hist/{r['staleness']}"] == 1.0
+        assert 0 < r["is_weight_mean"] <= 2.0 and r["is_weight_max"] > 0 and 0 <= r["is_truncated"] <= 1
+        assert any(k.startswith("is_weight/") for k in r) and any(k.startswith("staleness/") for k in r)

@@ -116,3 +116,33 @@ def test_token_logprobs_at_the_rollout_temperature():
     logp, _ = token_logprobs(Bigram(table), ids, torch.ones_like(ids), temperature=0.5)
     lsm = (table / 0.5).log_softmax(-1)
     assert torch.allclose(logp, torch.tensor([[0.0, lsm[1, 4], lsm[4, 2]]]), atol=1e-6)
+
+
+def test_decoupled_objective_with_proximal_equal_to_behaviour_is_the_plain_one():
+    torch.manual_seed(0)
+    new = torch.randn(2, 5, requires_grad=True)
+    old = torch.randn(2, 5)
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.float32)
+    adv = torch.tensor([1.0, -0.5])
+    plain, pm = policy_loss(new, old, adv, mask, 0.2, 0.28)
+    decoupled, dm = policy_loss(new, old, adv, mask, 0.2, 0.28, logp_prox=old.clone(), is_cap=2.0)
+    assert torch.equal(plain, decoupled)
+    assert dm["is_weight_mean"] == 1.0 and dm["is_weight_max"] == 1.0 and dm["is_truncated"] == 0.0
+
+
+def test_decoupled_objective_learns_from_stale_samples_with_a_truncated_weight():
+    # One token sampled long ago: behaviour logprob log(0.1); the trainer now gives it log(0.5).
+    old = torch.tensor([[0.0, math.log(0.1)]])
+    mask = torch.tensor([[0.0, 1.0]])
+    adv = torch.tensor([1.0])
+    new = torch.tensor([[0.0, math.log(0.5)]], requires_grad=True)
+    loss, m = policy_loss(new, old, adv, mask, 0.2, 0.28)
+    loss.backward()
+    assert new.grad.abs().sum() == 0 and m["clip_frac"] == 1.0  # ratio 5 is clipped: plain PPO learns nothing
+    new.grad = None
+    loss, m = policy_loss(new, old, adv, mask, 0.2, 0.28, logp_prox=new.detach().clone(), is_cap=2.0)
+    loss.backward()
+    # ratio to the proximal policy is 1 (inside the clip): d(-ratio·A·w)/dlogp = -A·w, w = min(5, 2)
+    assert new.grad[0, 1].item() == pytest.approx(-2.0) and m["clip_frac"] == 0.0
+    assert m["is_weight_max"] == pytest.approx(5.0) and m["is_weight_mean"] == pytest.approx(2.0)
+    assert m["is_truncated"] == 1.0

@@ -91,6 +91,10 @@ class LossConfig(_Strict):
     std_normalize: bool = False
     per_domain_normalize: bool = True
     aggregation: Literal["token", "sequence"] = "token"
+    # decoupled PPO: clip against the trainer's weights at arrival (the proximal policy), weight by the
+    # truncated importance ratio proximal / behaviour; for stale (async) samples and engine mismatch
+    decoupled: bool = False
+    is_cap: float = Field(2.0, gt=0)  # truncation of that importance weight
 
 
 class TrainConfig(_Strict):

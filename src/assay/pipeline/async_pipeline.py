@@ -98,7 +98,7 @@ class AsyncPipeline(SyncPipeline):
                 self._wait(lambda s=step: self._sampled >= min(s + k, cfg.train.steps), failed)
                 with self._lock:
                     stats = self.mixer.update(everything)
-                train_metrics = self.trainer.step(kept)
+                train_metrics = self.trainer.step(kept, version=step - 1)
                 self.monitor(step, everything, stats, metrics, view)
                 snapshot = [(n, t.clone()) for n, t in self.trainer.named_weights()]
                 with self._lock:

@@ -104,7 +104,7 @@ class SyncPipeline:
                 everything, kept, dropped = self.collect_batch(step)
                 writer.write(everything, step)
                 stats = self.mixer.update(everything)
-                train_metrics = self.trainer.step(kept)
+                train_metrics = self.trainer.step(kept, version=step - 1)
                 self.backend.update_weights(self.trainer.named_weights(), version=step)
                 self.monitor(step, everything, stats, metrics, view)
                 take = getattr(self.backend, "take_stats", None)  # the native engine's counters

@@ -47,22 +47,39 @@ def policy_loss(
     eps_high: float,
     aggregation: Aggregation = "token",
     normalizer: float | None = None,
+    logp_prox: Tensor | None = None,
+    is_cap: float = 2.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO/GRPO clipped surrogate with the asymmetric clip range [1 - eps_low, 1 + eps_high] (DAPO's
     clip-higher). `advantages` is [batch] (one per sequence) or [batch, time].
 
+    With `logp_prox` (the decoupled objective, for stale or mismatched samples): the ratio is taken
+    against the proximal policy (the trainer's weights when the batch arrived) instead of the
+    behaviour policy that sampled, so the clip bounds the update rather than the samples' age, and
+    each token is weighted by the importance weight prox / behaviour, truncated at `is_cap`.
+
     Metrics (means over masked tokens): clip_frac, the share of tokens whose gradient the clip
-    removed; approx_kl, the k3 estimate of KL(behaviour || current); ratio_mean."""
+    removed; approx_kl, the k3 estimate of KL(behaviour or proximal || current); ratio_mean; with
+    `logp_prox` also is_weight_mean (after truncation), is_weight_max (before) and is_truncated."""
     mask = mask.to(logp_new.dtype)
     adv = advantages.to(logp_new.dtype)
     if adv.dim() == 1:
         adv = adv.unsqueeze(-1)
+    anchor = logp_old if logp_prox is None else logp_prox
     # outside the mask the two logprobs are unrelated (padding): keep exp() away from them
-    log_ratio = torch.where(mask > 0, logp_new - logp_old, torch.zeros_like(logp_new))
+    log_ratio = torch.where(mask > 0, logp_new - anchor, torch.zeros_like(logp_new))
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    is_metrics: dict[str, float] = {}
+    if logp_prox is not None:
+        weight, raw = importance_weight(logp_prox, logp_old, mask, is_cap)
+        with torch.no_grad():
+            is_metrics = {"is_weight_mean": _masked_mean(weight, mask),
+                          "is_weight_max": float((raw * mask).max().item()) if mask.any() else 0.0,
+                          "is_truncated": _masked_mean((raw > is_cap).to(mask.dtype), mask)}
+        per_token = per_token * weight
     loss = aggregate(per_token, mask, aggregation, normalizer)
     with torch.no_grad():
         was_clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
@@ -70,8 +87,16 @@ def policy_loss(
             "clip_frac": _masked_mean(was_clipped.to(mask.dtype), mask),
             "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, mask),
             "ratio_mean": _masked_mean(ratio, mask),
+            **is_metrics,
         }
     return loss, metrics
+
+
+def importance_weight(logp_prox: Tensor, logp_old: Tensor, mask: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+    """(truncated, raw) per-token importance weights proximal / behaviour, 1 outside the mask; no gradient."""
+    with torch.no_grad():
+        raw = torch.exp(torch.where(mask > 0, logp_prox - logp_old, torch.zeros_like(logp_prox)))
+    return raw.clamp(max=cap), raw
 
 
 def kl_penalty(logp_new: Tensor, logp_ref: Tensor, mask: Tensor) -> Tensor:

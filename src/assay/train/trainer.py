@@ -19,7 +19,7 @@ from assay.core.errors import AssayError
 from assay.core.types import Trajectory
 from assay.train.advantages import group_advantages
 from assay.train.batching import adamw, check_sequence, lr_at, pad_tokens, right_pad, set_lr
-from assay.train.losses import aggregate, kl_penalty, policy_loss, token_logprobs
+from assay.train.losses import aggregate, importance_weight, kl_penalty, policy_loss, token_logprobs
 
 
 @dataclass
@@ -35,12 +35,14 @@ class DomainSums:
     mismatch: float = 0.0  # |trainer logprob - behaviour logprob|
     entropy: float = 0.0
     kl_ref: float = 0.0
+    is_weight: float = 0.0  # truncated importance weight (decoupled objective only)
     tokens: float = 0.0
 
-    def add(self, mismatch: float, entropy: float, kl_ref: float, tokens: float) -> None:
+    def add(self, mismatch: float, entropy: float, kl_ref: float, is_weight: float, tokens: float) -> None:
         self.mismatch += mismatch
         self.entropy += entropy
         self.kl_ref += kl_ref
+        self.is_weight += is_weight
         self.tokens += tokens
 
 
@@ -55,6 +57,20 @@ def _pad(samples: Sequence[Sample], device: torch.device) -> dict[str, Tensor]:
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     out = {"input_ids": ids, "attention_mask": attn, "mask": mask, "old": old, "adv": adv}
     return {k: v.to(device) for k, v in out.items()}
+
+
+def staleness_metrics(trajs: Sequence[Trajectory], version: int) -> dict[str, float]:
+    """How many policy versions behind `version` each trajectory was sampled: mean, max, a histogram
+    (staleness_hist/K = share of trajectories K versions old) and the mean per domain."""
+    ages = [version - t.policy_version for t in trajs]
+    out = {"staleness_mean": sum(ages) / len(ages), "staleness_max": float(max(ages))}
+    for k in sorted(set(ages)):
+        out[f"staleness_hist/{k}"] = ages.count(k) / len(ages)
+    by_domain: dict[str, list[int]] = defaultdict(list)
+    for t, a in zip(trajs, ages, strict=True):
+        by_domain[t.task.domain].append(a)
+    out |= {f"staleness/{d}": sum(a) / len(a) for d, a in sorted(by_domain.items())}
+    return out
 
 
 class GRPOTrainer:
@@ -91,21 +107,26 @@ class GRPOTrainer:
                 samples.append(Sample(t, a))
         return samples
 
-    def step(self, batch: Sequence[Trajectory]) -> dict[str, float]:
+    def step(self, batch: Sequence[Trajectory], version: int | None = None) -> dict[str, float]:
         """One rollout batch: `updates_per_batch` optimizer steps on it. A batch with nothing to learn
         from (no ok trajectory, no generated token, every advantage 0 and no KL term) takes no step
-        and reports skipped=1; so does a non-finite gradient norm, which also reports nonfinite=1."""
+        and reports skipped=1; so does a non-finite gradient norm, which also reports nonfinite=1.
+        `version` is the policy version of the weights being trained: with it, the batch's staleness
+        (versions between the sampling weights and these) is reported, overall and per domain."""
         samples = self.prepare(batch)
         tokens = sum(sum(s.traj.loss_mask) for s in samples)
         base = {"trajectories": float(len(samples)), "infra_dropped": float(len(batch) - len(samples))}
         base["tokens"] = float(tokens)
+        if version is not None and samples:
+            base |= staleness_metrics([s.traj for s in samples], version)
         no_signal = all(s.advantage == 0.0 for s in samples) and self.cfg.loss.kl_coef == 0
         if not samples or tokens == 0 or no_signal:
             return {**base, "skipped": 1.0, "optimizer_steps": float(self.steps)}
         totals: dict[str, float] = defaultdict(float)
         first: dict[str, float] = {}
+        prox: list[Tensor] | None = None
         for u in range(self.cfg.updates_per_batch):
-            m = self._accumulate(samples)
+            m, prox = self._accumulate(samples, prox)
             if u == 0:  # trainer vs behaviour and per-domain figures: taken before the weights move
                 first = {k: v for k, v in m.items() if "/" in k or k == "mismatch"}
             m = {k: v for k, v in m.items() if k not in first}
@@ -123,10 +144,15 @@ class GRPOTrainer:
 
     def accumulate_gradients(self, batch: Sequence[Trajectory]) -> dict[str, float]:
         """Fill .grad with the batch's loss gradient (no optimizer step); returns the step's metrics."""
-        return self._accumulate(self.prepare(batch))
+        return self._accumulate(self.prepare(batch))[0]
 
-    def _accumulate(self, samples: Sequence[Sample]) -> dict[str, float]:
+    def _accumulate(self, samples: Sequence[Sample], prox: list[Tensor] | None = None
+                    ) -> tuple[dict[str, float], list[Tensor] | None]:
+        """Gradients and metrics of one pass over the batch. With the decoupled objective, the
+        proximal logprobs per micro-batch: taken in the first pass (the weights as the batch arrived,
+        so exactly this pass's logprobs) and passed back in for the batch's later updates."""
         cfg, lc = self.cfg, self.cfg.loss
+        taken: list[Tensor] = []
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         n_tokens = float(sum(sum(s.traj.loss_mask) for s in samples))
@@ -134,12 +160,17 @@ class GRPOTrainer:
         normalizer = n_tokens if lc.aggregation == "token" else n_seqs
         sums: dict[str, float] = defaultdict(float)
         per_domain: dict[str, DomainSums] = defaultdict(DomainSums)
-        for lo in range(0, len(samples), cfg.micro_batch):
+        for c, lo in enumerate(range(0, len(samples), cfg.micro_batch)):
             chunk = samples[lo : lo + cfg.micro_batch]
             b = _pad(chunk, self.device)
             mask = b["mask"]
             logp, entropy = self._logprobs(self.model, b)  # fp32 logprobs, even under bf16 autocast
-            loss, pm = policy_loss(logp, b["old"], b["adv"], mask, lc.eps_low, lc.eps_high, lc.aggregation, normalizer)
+            anchor = None
+            if lc.decoupled:
+                anchor = logp.detach() if prox is None else prox[c]
+                taken.append(anchor)
+            loss, pm = policy_loss(logp, b["old"], b["adv"], mask, lc.eps_low, lc.eps_high, lc.aggregation, normalizer,
+                                   logp_prox=anchor, is_cap=lc.is_cap)
             if lc.kl_coef > 0:
                 assert self.ref_model is not None
                 with torch.no_grad():
@@ -152,23 +183,33 @@ class GRPOTrainer:
             tok = mask.sum().item()
             sums["loss"] += loss.item()  # each micro-batch loss is already divided by the batch total
             for k, v in pm.items():
-                sums[k] += v * tok
+                if k == "is_weight_max":
+                    sums[k] = max(sums[k], v)
+                else:
+                    sums[k] += v * tok
             sums["entropy"] += (entropy * mask).sum().item()
             gap = ((logp.detach() - b["old"]).abs() * mask).sum(-1)
             ent = (entropy.detach() * mask).sum(-1)
             kls = kl_tok if lc.kl_coef > 0 else torch.zeros_like(gap)
-            for s, row in zip(chunk, torch.stack([gap, ent, kls, mask.sum(-1)], -1).tolist(), strict=True):
+            isw = ((importance_weight(anchor, b["old"], mask, lc.is_cap)[0] * mask).sum(-1) if anchor is not None
+                   else torch.zeros_like(gap))
+            for s, row in zip(chunk, torch.stack([gap, ent, kls, isw, mask.sum(-1)], -1).tolist(), strict=True):
                 per_domain[s.traj.task.domain].add(*row)
         out = {"loss": sums["loss"]}
         for k in ("clip_frac", "approx_kl", "ratio_mean", "entropy", "kl_ref"):
             out[k] = sums[k] / max(n_tokens, 1.0)
+        if lc.decoupled:
+            out |= {"is_weight_mean": sums["is_weight_mean"] / max(n_tokens, 1.0), "is_weight_max": sums["is_weight_max"],
+                    "is_truncated": sums["is_truncated"] / max(n_tokens, 1.0)}
         out["mismatch"] = sum(a.mismatch for a in per_domain.values()) / max(n_tokens, 1.0)
         for domain, acc in sorted(per_domain.items()):
             if acc.tokens:
                 out[f"mismatch/{domain}"] = acc.mismatch / acc.tokens
                 out[f"entropy/{domain}"] = acc.entropy / acc.tokens
                 out[f"kl_ref/{domain}"] = acc.kl_ref / acc.tokens
-        return out
+                if lc.decoupled:
+                    out[f"is_weight/{domain}"] = acc.is_weight / acc.tokens
+        return out, (taken if lc.decoupled else None)
 
     def _logprobs(self, model: nn.Module, b: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
