@@ -1,4 +1,27 @@
-"""The environment seam: a versioned, procedurally generated source of tasks with a verifier."""
+"""The environment seam: a versioned, procedurally generated source of tasks with a verifier.
+
+The whole contract is here. Required: the attributes and methods of `Environment` and `Episode`.
+Optional (found with getattr; each has the default named):
+
+- `Environment.eval_share: float` — the share of the task space held out for evaluation
+  (default 0.2); tasks are assigned by a hash of their `task_id`.
+- `Environment.hash_deps: tuple[str, ...]` — modules besides the class's own whose source is part
+  of the content hash (default none): the helpers its generator or verifier imports.
+- `Environment.fingerprint() -> str` — a digest of data or template files the environment loads,
+  also hashed (default none).
+- `Environment.secrets(task) -> list[str]` — strings that must never be readable from inside the
+  episode's sandbox (the answer, hidden tests); the QA gate searches for them (default: the
+  reference solution's final answer).
+- `Environment.qa_kind: "answer" | "code" | "terminal"` — which cheating strategies the QA gate
+  plays (default: inferred: domain "code" means code, a `bash` tool terminal, else answer;
+  declare it rather than rely on the domain's free text).
+- `Episode.close()` — release what `start` acquired; called once on every path (default: nothing).
+- `Observation.is_error` on a tool result counts as a tool error in the trajectory.
+
+What the framework stamps itself, after `generate` (`registry.generate_task`): the task's `env`
+(name@version) and `env_hash`; and the `seed` that produced it, when drawn for a split. An
+environment sets `task_id` (from the task's content: `assay.envs.task_id`), `difficulty` (the one
+asked for), `prompt`, `tools` and a hidden `payload`."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import random
 import sys
 from dataclasses import is_dataclass
 from importlib.metadata import entry_points
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from assay.core.errors import AssayError, UnknownEnvironmentError
+from assay.core.types import Task
 from assay.envs.base import Environment
 
 ENTRY_POINT_GROUP = "assay.environments"
@@ -106,6 +108,25 @@ def get_env(spec: str, **env_args: Any) -> Environment:
 
 def env_spec(env: Environment) -> str:
     return f"{env.name}@{env.version}"
+
+
+def generate_task(env: Environment, rng: random.Random, difficulty: int) -> Task:
+    """`env.generate`, then the identity the framework owns rather than each environment: the task's
+    `env` (name@version) and `env_hash` are stamped here, so an environment cannot leave them empty or
+    stale. The task must carry a content `task_id` (the train/eval split hashes it) and the difficulty
+    it was asked for."""
+    task = env.generate(rng, difficulty)
+    where = f"environment {env_spec(env)}: generate(rng, {difficulty})"
+    if not isinstance(task, Task):
+        raise AssayError(f"{where} returned {type(task).__name__}, not an assay Task")
+    if not task.task_id:
+        raise AssayError(f"{where} returned a task without a task_id; derive one from the task's content "
+                         "(assay.envs.builtin._common.task_id does)")
+    if task.difficulty != difficulty:
+        raise AssayError(f"{where} returned a task of difficulty {task.difficulty}; generate() must honour the "
+                         "difficulty argument")
+    task.env, task.env_hash = env_spec(env), env_hash(env)
+    return task
 
 
 def env_parts(env: Environment) -> dict[str, str]:

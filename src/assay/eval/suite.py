@@ -34,6 +34,7 @@ from assay.core.config import DifficultyRange, DomainConfig
 from assay.core.errors import ConfigError
 from assay.core.types import Task
 from assay.envs.base import Environment
+from assay.envs.registry import generate_task
 from assay.envs.split import draw_distinct, draw_task
 
 
@@ -169,7 +170,7 @@ def suite_tasks(suite: Suite, envs: dict[str, Environment]) -> list[Task]:
 
 
 def _one(env: Environment, rng: random.Random, level: int, split: str | None) -> Task:
-    return draw_task(env, rng, level, split) if split else env.generate(rng, level)
+    return draw_task(env, rng, level, split) if split else generate_task(env, rng, level)
 
 
 def _distinct(env: Environment, rng: random.Random, level: int, split: str | None, count: int) -> list[Task]:
@@ -177,7 +178,7 @@ def _distinct(env: Environment, rng: random.Random, level: int, split: str | Non
         return draw_distinct(env, rng, level, split, count)
     seen: dict[str, Task] = {}
     for _ in range(count * 20):  # the whole space when it is smaller than the count
-        task = env.generate(rng, level)
+        task = generate_task(env, rng, level)
         seen.setdefault(task.task_id, task)
         if len(seen) == count:
             break

@@ -115,12 +115,7 @@ class DomainMixer:
         elif review and level > cur.min_level and self.rng.random() < review:  # keep the levels below in practice
             level = self.rng.randint(cur.min_level, level - 1)
         env = self.envs[name]
-        task = draw_task(env, self.rng, level, "train")
-        if task.difficulty != level:
-            raise AssayError(
-                f"environment {env.name!r} returned a task of difficulty {task.difficulty} when asked for {level}; "
-                "its generate() must honour the difficulty argument"
-            )
+        task = draw_task(env, self.rng, level, "train")  # checks the difficulty it was asked for
         task.domain = name
         return task
 
