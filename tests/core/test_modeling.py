@@ -82,3 +82,39 @@ def test_set_threads():
     assert torch.get_num_threads() == 1
     with pytest.raises(AssayError):
         set_threads(0)
+
+
+def test_device_dtype_and_attention_are_applied_on_load(tok, model, tmp_path):
+    from assay.core.modeling import place
+
+    save_model(model, tok, tmp_path / "m")
+    cfg = ModelConfig(dtype="bfloat16", attn_implementation="eager")
+    loaded, _ = load_model(tmp_path / "m", cfg)
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    assert loaded.config._attn_implementation == "eager"
+    built = place(build_model(ModelConfig(dtype="float16", num_layers=1), tok), ModelConfig(dtype="float16"))
+    assert {p.dtype for p in built.parameters()} == {torch.float16}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_missing_device_is_refused_with_the_fix(tok, tmp_path):
+    from assay.core.modeling import device_of
+
+    with pytest.raises(AssayError, match="model.device: cpu"):
+        device_of(ModelConfig(device="cuda"))
+    with pytest.raises(AssayError, match="not a device"):
+        device_of(ModelConfig(device="gpu0"))
+
+
+def test_the_engine_generates_from_a_bfloat16_policy(tok):
+    from assay.rollout.base import GenRequest, SamplingParams
+    from assay.rollout.engine.engine import Engine, EngineConfig
+
+    m = build_model(ModelConfig(num_layers=1), tok).to(torch.bfloat16).eval()
+    engine = Engine(m, tok, EngineConfig(kv_cache_bytes=8 * 2**20))
+    prompt = tok("hello world")["input_ids"]
+    [[res]] = engine.generate([GenRequest(prompt, SamplingParams(temperature=0.0, max_tokens=6, stop_token_ids=[]))])
+    assert len(res.token_ids) == 6 and all(isinstance(x, float) for x in res.logprobs)
+    with torch.no_grad():  # greedy from the same bf16 weights: the first token is the logits' argmax
+        first = int(m(torch.tensor([prompt])).logits[0, -1].float().argmax())
+    assert res.token_ids[0] == first

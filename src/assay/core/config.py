@@ -29,6 +29,10 @@ class ModelConfig(_Strict):
     max_position: int = Field(1024, gt=0)
     vocab_size: int = Field(1024, ge=300)  # the locally trained byte-level BPE tokenizer's size
     tokenizer_corpus: int = Field(2000, gt=0)  # generated tasks per domain to train the tokenizer on
+    # where and how the policy, the reference model and the engine hold their weights
+    device: str = "cpu"  # "cpu", "cuda", "cuda:1", ...
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
 
     @model_validator(mode="after")
     def _heads(self) -> ModelConfig:

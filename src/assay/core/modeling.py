@@ -24,7 +24,27 @@ from assay.core.errors import AssayError, CheckpointError
 from assay.core.tokenizer import stop_token_ids
 
 # sdpa rather than eager attention: no slower for the tiny built models (docs/architecture.md, Threads).
-ATTN_IMPLEMENTATION = "sdpa"
+ATTN_IMPLEMENTATION = ModelConfig.model_fields["attn_implementation"].default
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def device_of(cfg: ModelConfig) -> torch.device:
+    """`model.device`, checked against what this machine has."""
+    try:
+        device = torch.device(cfg.device)
+    except RuntimeError as e:
+        raise AssayError(f"model.device {cfg.device!r} is not a device torch knows ({e}); use cpu or cuda[:N]") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise AssayError(f"model.device {cfg.device!r}: this machine has no CUDA device torch can use; set "
+                         "model.device: cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise AssayError(f"model.device {cfg.device!r}: only cpu and cuda are supported")
+    return device
+
+
+def place(model: PreTrainedModel, cfg: ModelConfig) -> PreTrainedModel:
+    """The model on `model.device` in `model.dtype`."""
+    return model.to(device=device_of(cfg), dtype=DTYPES[cfg.dtype])
 
 
 def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
@@ -45,7 +65,7 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrai
         pad_token_id=tokenizer.pad_token_id,
     )
     config = Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
-    config._attn_implementation = ATTN_IMPLEMENTATION
+    config._attn_implementation = cfg.attn_implementation
     model_cls = Qwen2ForCausalLM if cfg.arch == "qwen2" else LlamaForCausalLM
     model = model_cls(config)
     # Only the special ids live here: a chat turn ends at <|im_end|>. Sampling settings are passed
@@ -64,9 +84,12 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, direc
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype = torch.float32
+    path: str | Path, cfg: ModelConfig | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model and tokenizer from a local Hugging Face directory (never the network)."""
+    """Model and tokenizer from a local Hugging Face directory (never the network), placed by `cfg`'s
+    device, dtype and attention implementation (default: float32 on the CPU, sdpa)."""
+    cfg = cfg or ModelConfig()
+    device = device_of(cfg)
     d = Path(path)
     if not d.is_dir():
         raise CheckpointError(f"model directory {str(d)!r} not found; pass a directory written by save_model")
@@ -78,8 +101,8 @@ def load_model(
     try:
         tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            d, local_files_only=True, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION
-        )
+            d, local_files_only=True, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
+        ).to(device)
     except Exception as e:  # transformers raises OSError, ValueError, safetensors errors...: all mean corrupt
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"model directory {str(d)!r} could not be loaded ({msg}); re-save it") from e

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from assay.core.config import Config
-from assay.core.modeling import build_model, load_model
+from assay.core.modeling import build_model, load_model, place
 from assay.core.tokenizer import render_messages, train_tokenizer
 from assay.envs.base import Environment
 from assay.envs.split import draw_task
@@ -34,7 +34,7 @@ def reference_corpus(envs: dict[str, Environment], per_domain: int, seed: int) -
 
 def build_policy(cfg: Config, envs: dict[str, Environment]) -> tuple[Any, Any]:
     if cfg.model.path:
-        return load_model(cfg.model.path)
+        return load_model(cfg.model.path, cfg.model)
     tokenizer = train_tokenizer(reference_corpus(envs, cfg.model.tokenizer_corpus, cfg.seed), cfg.model.vocab_size)
     torch.manual_seed(cfg.seed)  # the initial weights are part of what the seed pins
-    return build_model(cfg.model, tokenizer), tokenizer
+    return place(build_model(cfg.model, tokenizer), cfg.model), tokenizer

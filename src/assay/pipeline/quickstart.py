@@ -39,7 +39,7 @@ def default_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:
 
 
 def evaluate_policy(cfg: Config, policy_dir: Path) -> dict[str, DomainEval]:
-    model, tokenizer = load_model(policy_dir)
+    model, tokenizer = load_model(policy_dir, cfg.model)
     envs = domain_envs(cfg)
     return evaluate(make_backend(cfg.rollout, model, tokenizer), tokenizer, envs, {d.name: d for d in cfg.domains},
                     cfg.eval.tasks_per_domain, cfg.eval.n, cfg.eval.seed, cfg.eval.temperature)

@@ -39,7 +39,7 @@ class SyncPipeline:
         if resume:
             ckpt = latest_checkpoint(run_dir)
             blob, state = load_training_state(ckpt)
-            self.model, self.tokenizer = load_model(ckpt)
+            self.model, self.tokenizer = load_model(ckpt, cfg.model)
         else:
             self.model, self.tokenizer = build_policy(cfg, self.envs)
         self.threads = apply_threads(cfg.threads, self.model)
@@ -65,7 +65,7 @@ class SyncPipeline:
         path = self.run_dir / "reference_policy"
         if not (path / "config.json").is_file():
             save_model(self.model, self.tokenizer, path)
-        ref, _ = load_model(path)
+        ref, _ = load_model(path, self.cfg.model)
         ref.requires_grad_(False)
         return ref.eval()
 
