@@ -461,6 +461,19 @@ def bench_pipeline(policy: Annotated[Path, typer.Argument(help="a policy directo
     print(table(run_pipeline_bench(policy, steps, rounds, list(overrides or []))))
 
 
+@bench_app.command("trainer")
+def bench_trainer(rounds: Annotated[int, typer.Option(help="fresh processes per variant, alternated")] = 3,
+                  seqs: Annotated[int, typer.Option(help="sequences in the batch")] = 8,
+                  length: Annotated[int, typer.Option(help="tokens per sequence")] = 384,
+                  completion: Annotated[int, typer.Option(help="completion tokens per sequence")] = 96,
+                  hidden: Annotated[int, typer.Option(help="hidden size of the 2-layer model")] = 256,
+                  threads: Annotated[int, typer.Option(help="torch threads")] = 2) -> None:
+    """Trainer step time and peak memory with a 151,936-token vocabulary: full logits beside selective log-probs."""
+    from assay.bench.trainer import run_trainer_bench
+
+    print(run_trainer_bench(rounds, seqs, length, completion, hidden, threads, log=console.print))
+
+
 @bench_app.command("learning")
 def bench_learning(overrides: Overrides = None,
                    seeds: Annotated[int, typer.Option(help="quickstart runs, config seeds 0..N-1")] = 3,

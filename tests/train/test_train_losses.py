@@ -146,3 +146,30 @@ def test_decoupled_objective_learns_from_stale_samples_with_a_truncated_weight()
     assert new.grad[0, 1].item() == pytest.approx(-2.0) and m["clip_frac"] == 0.0
     assert m["is_weight_max"] == pytest.approx(5.0) and m["is_weight_mean"] == pytest.approx(2.0)
     assert m["is_truncated"] == 1.0
+
+
+def test_selective_logprobs_equal_the_full_ones_where_the_mask_is_set_and_give_the_same_gradient():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from assay.train.losses import selective_token_logprobs
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=False))
+    ids = torch.randint(0, 97, (3, 9))
+    attn = torch.ones_like(ids)
+    attn[2, 6:] = 0
+    mask = torch.zeros(3, 9)
+    mask[0, 4:] = 1
+    mask[1, 2:5] = 1
+    mask[2, 3:6] = 1
+    full, full_ent = token_logprobs(model, ids, attn, temperature=1.3)
+    (full * mask).sum().backward()
+    full_grad = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    sel, sel_ent = selective_token_logprobs(model, ids, attn, mask, temperature=1.3, chunk_rows=4)  # 3 chunks
+    (sel * mask).sum().backward()
+    assert torch.allclose(sel * mask, full * mask, atol=1e-5) and (sel * (1 - mask)).abs().sum() == 0
+    assert torch.allclose(sel_ent * mask, full_ent * mask, atol=1e-5)
+    for a, p in zip(full_grad, model.parameters(), strict=True):
+        assert torch.allclose(a, p.grad, atol=1e-5)

@@ -202,3 +202,19 @@ def test_non_finite_gradient_skips_the_step():
     m = trainer.step(batch)
     assert m["skipped"] == 1.0 and m["nonfinite"] == 1.0 and trainer.steps == 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_selective_logprobs_give_the_full_gradient_and_metrics():
+    model = tiny_qwen()
+    ref = tiny_qwen(seed=1)
+    batch = random_batch(0, n_groups=3, group_size=3)
+    with_behaviour_logprobs(model, batch, noise=0.4)
+    loss = {"kl_coef": 0.1}
+    full = GRPOTrainer(model, cfg(micro_batch=4, loss=loss), ref_model=ref).accumulate_gradients(batch)
+    g_full = grads(model)
+    sel = GRPOTrainer(model, cfg(micro_batch=4, loss=loss, selective_logprobs=True),
+                      ref_model=ref).accumulate_gradients(batch)
+    for a, b in zip(g_full, grads(model), strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+    for k in ("loss", "clip_frac", "entropy", "kl_ref", "mismatch"):
+        assert sel[k] == pytest.approx(full[k], abs=1e-6)

@@ -114,6 +114,9 @@ class TrainConfig(_Strict):
     dynamic_sampling: bool = True  # drop zero-variance groups and refill
     max_refill_rounds: int = Field(2, ge=0)
     loss: LossConfig = LossConfig()
+    # logits only at the completion tokens, the output head run in recomputed chunks: for real
+    # vocabularies (~150k), where full logits at every position do not fit
+    selective_logprobs: bool = False
     bf16: bool = False
     checkpoint_every: int = Field(10, gt=0)
     keep_checkpoints: int = Field(2, gt=0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 Aggregation = Literal["token", "sequence"]
@@ -127,3 +128,39 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
     distribution the rollout sampled from: logits / temperature (what behaviour logprobs are)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     return logprobs_from_logits(logits / temperature if temperature != 1.0 else logits, input_ids)
+
+
+def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    with torch.no_grad():
+        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
+
+
+def selective_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
+                             temperature: float = 1.0, chunk_rows: int = 1024) -> tuple[Tensor, Tensor]:
+    """`token_logprobs` computed only where `loss_mask` is 1: the output head runs on those positions'
+    hidden states alone, `chunk_rows` at a time, and each chunk's logits are recomputed in the backward
+    pass instead of kept, so memory holds one chunk of vocabulary-wide logits rather than
+    batch × length of them (what a 150k vocabulary needs). Zeros elsewhere, as `token_logprobs`."""
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    rows, cols = (loss_mask[:, 1:] > 0).nonzero(as_tuple=True)  # token cols + 1 is predicted at position cols
+    picked, targets = hidden[rows, cols], input_ids[rows, cols + 1]
+    head = model.get_output_embeddings()
+    logps, entropies = [], []
+    for lo in range(0, len(rows), chunk_rows):
+        logp, entropy = torch.utils.checkpoint.checkpoint(_chunk_logprobs, head, picked[lo:lo + chunk_rows],
+                                                          targets[lo:lo + chunk_rows], temperature, use_reentrant=False)
+        logps.append(logp)
+        entropies.append(entropy)
+    shape = input_ids.shape
+    logp_all = torch.zeros(shape, dtype=torch.float32, device=input_ids.device)
+    entropy_all = torch.zeros(shape, dtype=torch.float32, device=input_ids.device)
+    if logps:
+        logp_all = logp_all.index_put((rows, cols + 1), torch.cat(logps))
+        entropy_all[rows, cols + 1] = torch.cat(entropies).detach()
+    return logp_all, entropy_all

@@ -19,7 +19,14 @@ from assay.core.errors import AssayError
 from assay.core.types import Trajectory
 from assay.train.advantages import group_advantages
 from assay.train.batching import adamw, check_sequence, lr_at, pad_tokens, right_pad, set_lr
-from assay.train.losses import aggregate, importance_weight, kl_penalty, policy_loss, token_logprobs
+from assay.train.losses import (
+    aggregate,
+    importance_weight,
+    kl_penalty,
+    policy_loss,
+    selective_token_logprobs,
+    token_logprobs,
+)
 
 
 @dataclass
@@ -213,6 +220,8 @@ class GRPOTrainer:
 
     def _logprobs(self, model: nn.Module, b: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+            if self.cfg.selective_logprobs:
+                return selective_token_logprobs(model, b["input_ids"], b["attention_mask"], b["mask"], self.temperature)
             return token_logprobs(model, b["input_ids"], b["attention_mask"], self.temperature)
 
     # -- weights and checkpoints -----------------------------------------------------------------
