@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from assay.core.config import TrainConfig
@@ -84,7 +85,7 @@ class GRPOTrainer:
     """Implements the Trainer protocol for GRPO, Dr. GRPO, RLOO and DAPO's clip-higher/token-level loss."""
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, ref_model: nn.Module | None = None,
-                 temperature: float = 1.0) -> None:
+                 temperature: float = 1.0, data_parallel: bool = False) -> None:
         if cfg.loss.kl_coef > 0 and ref_model is None:
             raise AssayError("train.loss.kl_coef > 0 needs a frozen reference model; pass ref_model or set kl_coef=0")
         self.model = model
@@ -96,6 +97,10 @@ class GRPOTrainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
         self.steps = 0  # optimizer steps taken
+        # Data parallel (torch.distributed, initialized by the caller): every rank holds the whole
+        # batch, computes advantages and normalizers over it, takes the gradient of its share of the
+        # samples, and the summed gradients are the whole batch's; every rank then takes the same step.
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if data_parallel else (0, 1)
 
     @property
     def device(self) -> torch.device:
@@ -167,8 +172,9 @@ class GRPOTrainer:
         normalizer = n_tokens if lc.aggregation == "token" else n_seqs
         sums: dict[str, float] = defaultdict(float)
         per_domain: dict[str, DomainSums] = defaultdict(DomainSums)
-        for c, lo in enumerate(range(0, len(samples), cfg.micro_batch)):
-            chunk = samples[lo : lo + cfg.micro_batch]
+        mine = samples[self.rank :: self.world]
+        for c, lo in enumerate(range(0, len(mine), cfg.micro_batch)):
+            chunk = mine[lo : lo + cfg.micro_batch]
             b = _pad(chunk, self.device)
             mask = b["mask"]
             logp, entropy = self._logprobs(self.model, b)  # fp32 logprobs, even under bf16 autocast
@@ -202,6 +208,8 @@ class GRPOTrainer:
                    else torch.zeros_like(gap))
             for s, row in zip(chunk, torch.stack([gap, ent, kls, isw, mask.sum(-1)], -1).tolist(), strict=True):
                 per_domain[s.traj.task.domain].add(*row)
+        if self.world > 1:
+            self._all_reduce(sums, per_domain, sorted({s.traj.task.domain for s in samples}))
         out = {"loss": sums["loss"]}
         for k in ("clip_frac", "approx_kl", "ratio_mean", "entropy", "kl_ref"):
             out[k] = sums[k] / max(n_tokens, 1.0)
@@ -217,6 +225,24 @@ class GRPOTrainer:
                 if lc.decoupled:
                     out[f"is_weight/{domain}"] = acc.is_weight / acc.tokens
         return out, (taken if lc.decoupled else None)
+
+    def _all_reduce(self, sums: dict[str, float], per_domain: dict[str, DomainSums], domains: list[str]) -> None:
+        """Sum the ranks' gradients and metric sums in place (the largest importance weight: max)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+        keys = ["loss", "clip_frac", "approx_kl", "ratio_mean", "entropy", "kl_ref", "is_weight_mean", "is_truncated"]
+        fields = list(DomainSums.__dataclass_fields__)
+        flat = [sums[k] for k in keys] + [getattr(per_domain[d], f) for d in domains for f in fields]
+        total = torch.tensor(flat, dtype=torch.float64)
+        dist.all_reduce(total)
+        biggest = torch.tensor([sums["is_weight_max"]], dtype=torch.float64)
+        dist.all_reduce(biggest, op=dist.ReduceOp.MAX)
+        values = iter(total.tolist())
+        sums.update({k: next(values) for k in keys}, is_weight_max=float(biggest))
+        for d in domains:
+            per_domain[d] = DomainSums(**{f: next(values) for f in fields})
 
     def _logprobs(self, model: nn.Module, b: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
