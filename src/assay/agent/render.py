@@ -1,10 +1,11 @@
 """Token layout of a conversation, shared by the agent loop and SFT so both train on the same ids.
+The layout is the tokenizer's own chat template (core/chat_format.py); with Assay's tokenizers:
 
 prompt (chat template + generation prompt)                         mask 0
 assistant turn: content, <tool_call>json</tool_call>..., <|im_end|>  mask 1
 observation: "\\n<|im_start|>tool\\n{out}<|im_end|>" per tool result, then
              "\\n<|im_start|>assistant\\n"                           mask 0
-... the last assistant turn ends the sequence at its <|im_end|>.
+... the last assistant turn ends the sequence at its turn end.
 
 Text is encoded with special-token matching off (`split_special_tokens`): a tool output or
 message that contains "<|im_end|>" stays text and cannot forge a turn boundary. The special
@@ -15,15 +16,17 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
+from assay.core.chat_format import chat_format, split_template
 from assay.core.errors import AssayError
-from assay.core.tokenizer import IM_END, IM_START, TOOL_CALL_END, TOOL_CALL_START, special_token_id, tool_call_text
+from assay.core.tokenizer import special_token_id
 from assay.core.types import Message, Task
 
 
 def special_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
     i = special_token_id(tokenizer, token)
     if i is None:
-        raise AssayError(f"the tokenizer has no {token} token; train it with assay.core.tokenizer.train_tokenizer")
+        raise AssayError(f"the tokenizer has no {token} token, which its chat template uses; its added tokens "
+                         "and its chat_template disagree")
     return i
 
 
@@ -46,24 +49,31 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: Task) -> list[int]:
     return list(out)
 
 
+def encode_pieces(tokenizer: PreTrainedTokenizerBase, pieces: list[tuple[str, bool]]) -> list[int]:
+    """(text, is_template) pieces as ids: the template's special tokens by id, everything else as text
+    (adjacent text encoded together, as a tokenizer encodes a rendered conversation), where a special
+    token's spelling in a message or tool output stays text."""
+    ids: list[int] = []
+    text = ""
+    for piece, is_template in pieces:
+        for part, special in split_template(tokenizer, piece) if is_template else [(piece, False)]:
+            if special:
+                ids += encode_text(tokenizer, text) + [special_id(tokenizer, part)]
+                text = ""
+            else:
+                text += part
+    return ids + encode_text(tokenizer, text)
+
+
 def assistant_ids(tokenizer: PreTrainedTokenizerBase, message: Message) -> list[int]:
-    """One assistant turn as the policy should emit it, ending with <|im_end|>."""
-    ids = encode_text(tokenizer, message.content)
-    start, end = special_id(tokenizer, TOOL_CALL_START), special_id(tokenizer, TOOL_CALL_END)
-    for call in message.tool_calls:
-        body = tool_call_text(call)[len(TOOL_CALL_START) : -len(TOOL_CALL_END)]
-        ids += [start, *encode_text(tokenizer, body), end]
-    return ids + [special_id(tokenizer, IM_END)]
+    """One assistant turn as the policy should emit it, ending with the template's turn end."""
+    return encode_pieces(tokenizer, chat_format(tokenizer).assistant_text(message.content, message.tool_calls))
 
 
 def observation_ids(tokenizer: PreTrainedTokenizerBase, outputs: list[str]) -> list[int]:
-    """Tool results after an assistant turn's <|im_end|>, ending with the next generation prompt."""
-    im_start, im_end = special_id(tokenizer, IM_START), special_id(tokenizer, IM_END)
-    newline = encode_text(tokenizer, "\n")
-    ids = list(newline)
-    for out in outputs:
-        ids += [im_start, *encode_text(tokenizer, f"tool\n{out}"), im_end, *newline]
-    return ids + [im_start, *encode_text(tokenizer, "assistant\n")]
+    """Tool results after an assistant turn's end, laid out by the tokenizer's chat template, ending
+    with the next generation prompt."""
+    return encode_pieces(tokenizer, chat_format(tokenizer).observation_text(outputs))
 
 
 def sft_example(

@@ -19,6 +19,7 @@ from transformers import (
 )
 
 from assay.core.atomic import atomic_dir
+from assay.core.chat_format import chat_format
 from assay.core.config import ModelConfig
 from assay.core.errors import AssayError, CheckpointError
 from assay.core.tokenizer import stop_token_ids
@@ -106,6 +107,7 @@ def load_model(
     except Exception as e:  # transformers raises OSError, ValueError, safetensors errors...: all mean corrupt
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"model directory {str(d)!r} could not be loaded ({msg}); re-save it") from e
+    chat_format(tokenizer)  # a tokenizer whose template cannot lay out turns is named here, not deep in a rollout
     return model, tokenizer
 
 

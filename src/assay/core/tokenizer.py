@@ -14,6 +14,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from assay.core.chat_format import chat_format
 from assay.core.errors import AssayError
 from assay.core.types import Message, ToolCall, ToolSpec
 
@@ -36,13 +37,14 @@ def special_token_id(tokenizer: Any, token: str) -> int | None:
 
 
 def stop_token_ids(tokenizer: Any) -> list[int]:
-    """Where generation stops, for every backend and the agent loop: the end of a chat turn and the end
-    of text, those of the two the tokenizer has."""
-    stops = [special_token_id(tokenizer, IM_END), tokenizer.eos_token_id]
+    """Where generation stops, for every backend and the agent loop: the end of an assistant turn (as
+    the tokenizer's chat template spells it) and the end of text, those of the two the tokenizer has."""
+    turn_end = chat_format(tokenizer).turn_end if getattr(tokenizer, "chat_template", None) else IM_END
+    stops = [special_token_id(tokenizer, turn_end), tokenizer.eos_token_id]
     ids = list(dict.fromkeys(i for i in stops if isinstance(i, int)))
     if not ids:
-        raise AssayError(f"the tokenizer has neither {IM_END} nor an eos token, so generation could never stop; "
-                         "train one with assay.core.tokenizer.train_tokenizer")
+        raise AssayError(f"the tokenizer has neither a turn-end token ({turn_end}) nor an eos token, so generation "
+                         "could never stop; use the tokenizer of a chat (instruct) model")
     return ids
 
 
