@@ -46,3 +46,22 @@ def test_sft_label_noise_gives_a_share_of_tasks_another_tasks_response(tiny_conf
         assert len(mine) == 400 and 0.2 < swapped / len(mine) < 0.4, name
     by_env = {f"{e.name}@{e.version}": e for e in envs.values()}
     assert all(r == by_env[t.env].reference_solution(t) for t, r in clean)
+
+
+def test_shaped_rewards_reach_training_and_are_logged_per_term(tiny_config, tmp_path):
+    import json
+
+    cfg = load_config(tiny_config(name="shaped"), ["train.steps=1", "train.max_refill_rounds=0"])
+    from assay.core.config import RewardTerm
+
+    terms = [RewardTerm(fn="verifier"), RewardTerm(fn="length", weight=0.2)]
+    domains = [d.model_copy(update={"rewards": terms})
+               if d.name == "arith" else d for d in cfg.domains]
+    cfg = cfg.model_copy(update={"domains": domains})
+    run = tmp_path / "runs" / "shaped"
+    run.mkdir(parents=True)
+    SyncPipeline(cfg, run).run()
+    [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+                if json.loads(line)["kind"] == "train"]
+    assert record["domain/arith/term_length"] < 0 and "domain/arith/term_verifier" in record
+    assert not any(k.startswith("domain/no_e/term_") for k in record)

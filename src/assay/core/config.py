@@ -61,6 +61,11 @@ class DifficultyRange(_Strict):
         return self
 
 
+class RewardTerm(_Strict):
+    fn: str  # verifier | format | length | package.module:function (see assay.envs.rewards)
+    weight: float = 1.0
+
+
 class DomainConfig(_Strict):
     name: str
     env: str  # name or name@version in the environment registry
@@ -73,6 +78,8 @@ class DomainConfig(_Strict):
     # past it stops acting and is verified as it stands, like one that ran out of turns
     time_limit_s: float | None = Field(None, gt=0)
     difficulty: DifficultyRange = DifficultyRange()
+    # training reward as a weighted sum of terms (empty: the verifier's score alone); `passed` stays the verifier's
+    rewards: list[RewardTerm] = Field(default_factory=list)
     acceptance: float = Field(0.8, gt=0, le=1)  # rolling pass rate that promotes difficulty
     regression: float = Field(0.3, ge=0, lt=1)  # rolling pass rate below which difficulty drops
     env_args: dict[str, Any] = {}  # passed to the environment's constructor (e.g. jsonl's path)

@@ -26,6 +26,7 @@ class DomainStep:
     difficulty: int  # the curriculum level after this update
     ratio: float  # the sampling share after this update
     signal_share: float | None = None  # share of GRPO groups whose rewards vary (the others teach nothing)
+    reward_terms: dict[str, float] = field(default_factory=dict)  # mean of each shaped reward term
 
 
 @dataclass
@@ -39,7 +40,9 @@ class DomainStats:
         out: dict[str, float] = {}
         for name, step in self.domains.items():
             for key, value in asdict(step).items():
-                if value is not None:
+                if isinstance(value, dict):
+                    out |= {f"{prefix}/{name}/term_{term}": float(v) for term, v in value.items()}
+                elif value is not None:
                     out[f"{prefix}/{name}/{key}"] = float(value)
         return out
 
@@ -62,7 +65,16 @@ def summarize(trajs: Sequence[Trajectory], difficulty: int, ratio: float) -> Dom
         difficulty=difficulty,
         ratio=ratio,
         signal_share=_signal_share(ok),
+        reward_terms=_term_means(ok),
     )
+
+
+def _term_means(ok: Sequence[Trajectory]) -> dict[str, float]:
+    terms: dict[str, list[float]] = {}
+    for t in ok:
+        for name, v in t.reward_info.get("terms", {}).items():
+            terms.setdefault(name, []).append(v)
+    return {name: sum(v) / len(v) for name, v in terms.items()}
 
 
 def _signal_share(ok: Sequence[Trajectory]) -> float | None:

@@ -15,6 +15,7 @@ from assay.core.modeling import apply_threads, load_model, save_model
 from assay.core.storage import MetricsLogger, TrajectoryWriter, atomic_write
 from assay.core.types import Task, Trajectory
 from assay.envs.registry import env_spec
+from assay.envs.rewards import check_rewards, shape_rewards
 from assay.eval.evaluate import evaluate
 from assay.mixer.mixer import DomainMixer
 from assay.mixer.stats import DomainStats
@@ -35,6 +36,7 @@ class SyncPipeline:
         self.cfg, self.run_dir = cfg, run_dir
         self.envs = domain_envs(cfg)
         self.domains = {d.name: d for d in cfg.domains}
+        check_rewards(cfg.domains)
         self.start_step = 0
         if resume:
             ckpt = latest_checkpoint(run_dir)
@@ -71,10 +73,12 @@ class SyncPipeline:
 
     def _rollout(self, tasks: list[Task], step: int, attempt: int) -> list[Trajectory]:
         r = self.cfg.rollout
-        return collect(self.backend, self.tokenizer, self.envs, self.domains, tasks, samples=None,
-                       temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, policy_version=step - 1,
-                       seed=_sampling_seed(self.cfg, step, attempt), group_prefix=f"s{step}a{attempt}/",
-                       online=self.cfg.pipeline.online)
+        trajs = collect(self.backend, self.tokenizer, self.envs, self.domains, tasks, samples=None,
+                        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, policy_version=step - 1,
+                        seed=_sampling_seed(self.cfg, step, attempt), group_prefix=f"s{step}a{attempt}/",
+                        online=self.cfg.pipeline.online)
+        shape_rewards(trajs, self.domains)
+        return trajs
 
     def collect_batch(self, step: int) -> tuple[list[Trajectory], list[Trajectory], int]:
         """(every trajectory sampled, those kept for training, groups dropped for zero variance).
@@ -164,7 +168,7 @@ def domain_rows(stats: DomainStats, train_metrics: dict[str, float]) -> dict[str
     """Per-domain figures for the live table: the mixer's step stats plus the trainer's."""
     rows = {}
     for name, d in stats.domains.items():
-        row = {k: v for k, v in vars(d).items() if v is not None}
+        row = {k: v for k, v in vars(d).items() if v is not None and not isinstance(v, dict)}
         for key in ("entropy", "kl_ref", "mismatch"):
             if f"{key}/{name}" in train_metrics:
                 row[key] = train_metrics[f"{key}/{name}"]
