@@ -56,3 +56,37 @@ def test_a_task_without_id_or_at_another_difficulty_is_refused_by_name():
         generate_task(Sloppy("", 1), random.Random(0), 1)
     with pytest.raises(AssayError, match="honour the difficulty"):
         generate_task(Sloppy("s-1", 1), random.Random(0), 2)
+
+
+def test_the_readme_trains_a_users_model_on_a_users_environment(tmp_path, monkeypatch):
+    """The README's Python example, run as written, with a small HF model saved here as the user's."""
+    import json
+    import re
+    import sys
+    import types
+    from pathlib import Path
+
+    import torch
+
+    from assay.core.config import ModelConfig
+    from assay.core.modeling import build_model, save_model
+    from assay.core.tokenizer import train_tokenizer
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    env_code = re.search(r"\*\*Writing one\.\*\*.*?```python\n(.*?)```", readme, re.DOTALL).group(1)
+    example = re.search(r"\*\*From Python, on your own model\.\*\*.*?```python\n(.*?)```", readme, re.DOTALL).group(1)
+    module = types.ModuleType("reverse_env")
+    exec(compile(env_code, "README.md", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "reverse_env", module)
+    torch.manual_seed(0)
+    tok = train_tokenizer([f"<|im_start|>user\nReverse the letters of {w}.<|im_end|>\n" for w in ("abc", "hgf", "dd")],
+                          300)
+    save_model(build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                       intermediate_size=64), tok), tok, tmp_path / "user-model")
+    example = (example.replace("path/to/your-hf-chat-model", str(tmp_path / "user-model"))
+               .replace('"run_dir": "runs"', f'"run_dir": "{tmp_path / "runs"}"').replace('"steps": 20', '"steps": 2'))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    lines = (tmp_path / "runs" / "reverse" / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines if json.loads(line)["kind"] == "train"]
+    assert steps == [1, 2]

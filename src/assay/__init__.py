@@ -20,7 +20,8 @@ _EXPORTS = {
     "run_gate": "assay.envs.qa.gate", "QAConfig": "assay.envs.qa.gate",
     # configuring and running
     "Config": "assay.core.config", "load_config": "assay.core.config",
-    "make_pipeline": "assay.pipeline.async_pipeline", "run_sft": "assay.pipeline.sft",
+    "make_pipeline": "assay.pipeline.async_pipeline", "run_training": "assay.pipeline.async_pipeline",
+    "run_sft": "assay.pipeline.sft", "build_config": "assay.core.config",
     "evaluate": "assay.eval.evaluate",
 }
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 import copy
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
-from assay.core.config import Config
-from assay.core.storage import MetricsLogger, TrajectoryWriter
+from assay.core.config import Config, build_config, load_config
+from assay.core.storage import MetricsLogger, TrajectoryWriter, prepare_run_dir
 from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
 from assay.rollout.factory import make_backend
@@ -118,3 +118,17 @@ class AsyncPipeline(SyncPipeline):
 def make_pipeline(cfg: Config, run_dir: Path, resume: bool = False) -> SyncPipeline:
     """The pipeline `pipeline.mode` names."""
     return (AsyncPipeline if cfg.pipeline.mode == "async" else SyncPipeline)(cfg, run_dir, resume)
+
+
+def run_training(config: Config | dict[str, Any] | str | Path, overrides: Sequence[str] = ()) -> Path:
+    """`assay train` from Python: a Config, a dict in the config's shape or a YAML path (plus
+    key=value overrides); RL runs to the end in RUN_DIR/NAME, which is returned."""
+    if isinstance(config, Config):
+        cfg = build_config(config.model_dump(mode="json"), list(overrides))
+    elif isinstance(config, dict):
+        cfg = build_config(config, list(overrides))
+    else:
+        cfg = load_config(config, list(overrides))
+    run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
+    make_pipeline(cfg, run_dir).run()
+    return run_dir
