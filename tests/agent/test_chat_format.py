@@ -129,3 +129,57 @@ def test_loading_a_model_whose_tokenizer_has_no_template_names_the_fix(qwen_tok,
     bare.save_pretrained(tmp_path)
     with pytest.raises(AssayError, match="no chat template"):
         load_model(tmp_path)
+
+
+LLAMA_STYLE_TEMPLATE = (  # Llama 3.x's layout: header ids, <|eot_id|>, JSON calls, ipython results
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'tool' -%}"
+    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' -}}"
+    "{%- elif message.role == 'assistant' and message.tool_calls -%}"
+    "{%- set f = message.tool_calls[0].function -%}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}"
+    "{{- '{\"name\": \"' + f.name + '\", \"parameters\": ' + (f.arguments | tojson) + '}' + '<|eot_id|>' -}}"
+    "{%- else -%}"
+    "{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
+)
+
+
+@pytest.fixture(scope="module")
+def llama_tok():
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([f"user What is {a}+{a * 7}? name parameters calc expression Answer:" for a in range(50)],
+                            trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
+                                   extra_special_tokens=specials[2:], chat_template=LLAMA_STYLE_TEMPLATE,
+                                   clean_up_tokenization_spaces=False)
+
+
+def test_llama_style_layout_is_token_exact_and_its_json_calls_parse(llama_tok):
+    fmt = chat_format(llama_tok)
+    assert (fmt.turn_end, fmt.tool_calls) == ("<|eot_id|>", "llama3")
+    assert fmt.first == "<|start_header_id|>ipython<|end_header_id|>\n\n"
+    task = calc_task(3, 5)
+    call = Message("assistant", "", [ToolCall("calc", {"expression": "3+5"})])
+    final = Message("assistant", "Answer: 8")
+    ids = prompt_ids(llama_tok, task) + assistant_ids(llama_tok, call) + observation_ids(llama_tok, ["8"]) \
+        + assistant_ids(llama_tok, final)
+    whole = llama_tok.apply_chat_template(_wire(task.prompt + [call, Message("tool", "8", name="calc"), final]),
+                                          tokenize=True, return_dict=False)
+    assert ids == list(whole)
+    text = llama_tok.decode(assistant_ids(llama_tok, call)[:-1])
+    assert parse_assistant(text, "llama3") == ("", call.tool_calls, None)
+    assert parse_assistant("Answer: 8", "llama3") == ("Answer: 8", [], None)
+    assert parse_assistant('{"name": "calc", "arguments": {}}', "llama3")[2].startswith("tool call: expected")
+    backend = ScriptedBackend({tuple(prompt_ids(llama_tok, task)): [turn(llama_tok, call), turn(llama_tok, final)]})
+    [traj] = run_episodes(backend, [(task, FakeEpisode(task))], llama_tok, SamplingParams(max_tokens=64), max_turns=4,
+                          max_context=1024)
+    assert traj.passed and traj.token_ids == ids

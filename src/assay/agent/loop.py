@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from assay.agent.parse import parse_assistant
 from assay.agent.render import observation_ids, prompt_ids
+from assay.core.chat_format import chat_format
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
 from assay.core.types import (
@@ -204,7 +205,7 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
     r.append(res.token_ids, sampled=True, logprobs=res.logprobs)
     stopped = res.finish_reason == "stop" and bool(res.token_ids) and res.token_ids[-1] in job.params.stop_token_ids
     text = tokenizer.decode(res.token_ids[:-1] if stopped else res.token_ids, skip_special_tokens=False)
-    content, calls, err = parse_assistant(text)
+    content, calls, err = parse_assistant(text, chat_format(tokenizer).tool_calls)
     r.messages.append(Message("assistant", content, calls))
     if not stopped:  # cut at max_tokens: an unfinished turn is not acted on
         r.finish = "context" if room_limited else "length"

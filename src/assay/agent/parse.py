@@ -8,10 +8,14 @@ from assay.core.tokenizer import TOOL_CALL_END, TOOL_CALL_START
 from assay.core.types import ToolCall
 
 
-def parse_assistant(text: str) -> tuple[str, list[ToolCall], str | None]:
+def parse_assistant(text: str, style: str = "assay") -> tuple[str, list[ToolCall], str | None]:
     """(content, calls, error). Content is the text before the first call; calls follow it back to back
     (whitespace between them is allowed, other text is not). On any error the calls are dropped and
-    content is the whole text, so the recorded message still renders to exactly what was sampled."""
+    content is the whole text, so the recorded message still renders to exactly what was sampled.
+    In the `llama3` style a turn that is one JSON object with "name" and "parameters" is a call;
+    any other turn is an answer."""
+    if style == "llama3":
+        return _parse_llama3(text)
     start = text.find(TOOL_CALL_START)
     if start < 0:
         if TOOL_CALL_END in text:
@@ -55,3 +59,18 @@ def _parse_call(body: str) -> tuple[ToolCall, None] | tuple[None, str]:
     if not isinstance(obj["arguments"], dict):
         return None, "'arguments' must be a JSON object"
     return ToolCall(obj["name"], obj["arguments"]), None
+
+
+def _parse_llama3(text: str) -> tuple[str, list[ToolCall], str | None]:
+    body = text.strip()
+    if not (body.startswith("{") and '"name"' in body):
+        return text, [], None
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        return text, [], f"tool call: invalid JSON ({e.msg} at char {e.pos})"
+    if not isinstance(obj, dict) or set(obj) != {"name", "parameters"}:
+        return text, [], 'tool call: expected exactly {"name": ..., "parameters": {...}}'
+    if not isinstance(obj["name"], str) or not obj["name"] or not isinstance(obj["parameters"], dict):
+        return text, [], "tool call: 'name' must be a non-empty string and 'parameters' a JSON object"
+    return "", [ToolCall(obj["name"], obj["parameters"])], None

@@ -6,10 +6,11 @@ template is rendered on placeholder messages and cut at the placeholders: what l
 assistant turn's end and the next generation prompt, around one or several tool results, is the
 observation layout. The same cut gives the token that ends an assistant turn (the stop token).
 
-Two tool-call styles are known: Assay's own (`<tool_call>{compact json}</tool_call>` right after the
-content, the layout of the tokenizers Assay trains) and Hermes (Qwen2.5 / Qwen3:
-`<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`, one per line after the content).
-Both parse with `assay.agent.parse`."""
+Three tool-call styles are known: Assay's own (`<tool_call>{compact json}</tool_call>` right after
+the content, the layout of the tokenizers Assay trains), Hermes (Qwen2.5 / Qwen3:
+`<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`, one per line after the content) and
+Llama 3.x JSON (the whole turn is one `{"name": ..., "parameters": ...}` object). All parse with
+`assay.agent.parse.parse_assistant(text, style)`."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from assay.core.types import ToolCall
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 _USER, _ANSWER, _OUT1, _OUT2 = "\x01user\x01", "\x01answer\x01", "\x01out-one\x01", "\x01out-two\x01"
 
-ToolCallStyle = Literal["assay", "hermes"]
+ToolCallStyle = Literal["assay", "hermes", "llama3"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ class ChatFormat:
 
     def assistant_text(self, content: str, calls: list[ToolCall]) -> list[tuple[str, bool]]:
         """An assistant turn as (text, is_template) pieces: content, the calls in this style, turn end."""
+        if self.tool_calls == "llama3" and calls:
+            if len(calls) > 1 or content:
+                raise AssayError("a Llama 3 tool-call turn is one JSON call and nothing else; split the turn")
+            body = json.dumps({"name": calls[0].name, "parameters": calls[0].arguments}, ensure_ascii=False)
+            return [(body, False), (self.turn_end, True)]
         pieces = [(content, False)]
         for i, c in enumerate(calls):
             if self.tool_calls == "assay":
@@ -103,7 +109,9 @@ def _read(tokenizer: Any) -> ChatFormat:
     if not two.endswith(_OUT2 + last):
         raise AssayError(f"tokenizer {name!r}: its chat template lays out two tool results in a way Assay cannot "
                          "append turn by turn")
-    style: ToolCallStyle = "assay" if f"{TOOL_CALL_START}{{" in _render_call(tokenizer, user) else "hermes"
+    call = _render_call(tokenizer, user)
+    style: ToolCallStyle = ("assay" if f"{TOOL_CALL_START}{{" in call else
+                            "llama3" if '"parameters"' in call and TOOL_CALL_START not in call else "hermes")
     return ChatFormat(turn_end, first, between, last, style)
 
 
