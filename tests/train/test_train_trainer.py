@@ -218,3 +218,16 @@ def test_selective_logprobs_give_the_full_gradient_and_metrics():
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
     for k in ("loss", "clip_frac", "entropy", "kl_ref", "mismatch"):
         assert sel[k] == pytest.approx(full[k], abs=1e-6)
+
+
+def test_activation_checkpointing_gives_the_same_gradient():
+    batch = random_batch(0, n_groups=2, group_size=3)
+    model = tiny_qwen()
+    with_behaviour_logprobs(model, batch, noise=0.3)
+    GRPOTrainer(model, cfg(micro_batch=3)).accumulate_gradients(batch)
+    plain = grads(model)
+    again = tiny_qwen()
+    GRPOTrainer(again, cfg(micro_batch=3, activation_checkpointing=True)).accumulate_gradients(batch)
+    assert again.is_activation_checkpointing
+    for a, b in zip(plain, grads(again), strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)

@@ -124,6 +124,7 @@ class TrainConfig(_Strict):
     # logits only at the completion tokens, the output head run in recomputed chunks: for real
     # vocabularies (~150k), where full logits at every position do not fit
     selective_logprobs: bool = False
+    activation_checkpointing: bool = False  # recompute each layer's activations in backward: memory for time
     bf16: bool = False
     checkpoint_every: int = Field(10, gt=0)
     keep_checkpoints: int = Field(2, gt=0)

@@ -94,6 +94,8 @@ class GRPOTrainer:
         self.temperature = temperature  # the rollout's: ratios compare the distribution actually sampled
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
+        if cfg.activation_checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
         self.steps = 0  # optimizer steps taken
