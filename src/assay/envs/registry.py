@@ -111,17 +111,21 @@ def env_spec(env: Environment) -> str:
 
 
 def generate_task(env: Environment, rng: random.Random, difficulty: int) -> Task:
-    """`env.generate`, then the identity the framework owns rather than each environment: the task's
-    `env` (name@version) and `env_hash` are stamped here, so an environment cannot leave them empty or
+    """`env.generate`, then `stamped`."""
+    return stamped(env, env.generate(rng, difficulty), difficulty)
+
+
+def stamped(env: Environment, task: Task, difficulty: int) -> Task:
+    """A generated task with the identity the framework owns rather than each environment: its `env`
+    (name@version) and `env_hash` are stamped here, so an environment cannot leave them empty or
     stale. The task must carry a content `task_id` (the train/eval split hashes it) and the difficulty
     it was asked for."""
-    task = env.generate(rng, difficulty)
     where = f"environment {env_spec(env)}: generate(rng, {difficulty})"
     if not isinstance(task, Task):
         raise AssayError(f"{where} returned {type(task).__name__}, not an assay Task")
     if not task.task_id:
         raise AssayError(f"{where} returned a task without a task_id; derive one from the task's content "
-                         "(assay.envs.builtin._common.task_id does)")
+                         "(assay.task_id does)")
     if task.difficulty != difficulty:
         raise AssayError(f"{where} returned a task of difficulty {task.difficulty}; generate() must honour the "
                          "difficulty argument")

@@ -17,7 +17,7 @@ from typing import Literal
 from assay.core.errors import AssayError
 from assay.core.types import Task
 from assay.envs.base import Environment
-from assay.envs.registry import generate_task
+from assay.envs.registry import stamped
 
 Split = Literal["train", "eval"]
 DEFAULT_EVAL_SHARE = 0.2
@@ -50,8 +50,9 @@ def draw_task(env: Environment, rng: random.Random, difficulty: int, split: Spli
     share = eval_share(env)
     for _ in range(MAX_DRAWS):
         seed = rng.getrandbits(63)  # fits a signed int64 column in the trajectory store
-        task = generate_task(env, random.Random(seed), difficulty)
-        if split_of(task.task_id, share) == split:
+        task = env.generate(random.Random(seed), difficulty)
+        if split_of(task.task_id, share) == split:  # stamped once accepted: the content hash is not free
+            task = stamped(env, task, difficulty)
             task.seed = seed
             return task
     raise AssayError(f"environment {env.name}@{env.version}: no {split}-partition task at difficulty {difficulty} in "
