@@ -414,7 +414,9 @@ def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, 
                   threads: Annotated[int, typer.Option(help="torch threads (0: torch's default)")] = 0,
                   hf_paged: Annotated[bool, typer.Option(help="also time transformers' paged generate_batch")] = True,
                   quick: Annotated[bool, typer.Option(help="a tiny model and workload: a smoke test, not a measurement")] = False,
-                  out: Annotated[Path | None, typer.Option(help="also write the rows as JSON here")] = None) -> None:
+                  out: Annotated[Path | None, typer.Option(help="also write the rows as JSON here")] = None,
+                  device: Annotated[str, typer.Option(help="cpu or cuda[:N], the same for every backend")] = "cpu"
+                  ) -> None:
     """The native engine beside Hugging Face generate: GRPO groups and multi-turn sessions."""
     import json
 
@@ -427,7 +429,7 @@ def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, 
         raise ConfigError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
     if threads > 0:
         torch.set_num_threads(threads)
-    rows, meta = run_rollout_bench(QUICK if quick else Shape(), dtype=dtype, hf_paged=hf_paged)
+    rows, meta = run_rollout_bench(QUICK if quick else Shape(), dtype=dtype, hf_paged=hf_paged, device=device)
     print(table(rows, meta))
     if out is not None:
         out.write_text(json.dumps({"meta": meta, "rows": [{**vars(r), "tokens_per_s": r.tokens_per_s} for r in rows]},

@@ -61,14 +61,14 @@ class Row:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def build_model(shape: Shape, dtype: torch.dtype) -> Qwen2ForCausalLM:
+def build_model(shape: Shape, dtype: torch.dtype, device: str = "cpu") -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
                       num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
                       intermediate_size=shape.intermediate, max_position_embeddings=2048, tie_word_embeddings=True,
                       pad_token_id=0, eos_token_id=1, bos_token_id=None)
     cfg._attn_implementation = "sdpa"
-    return Qwen2ForCausalLM(cfg).to(dtype).eval()
+    return Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval()
 
 
 def _ids(g: torch.Generator, vocab: int, n: int) -> list[int]:
@@ -90,7 +90,8 @@ def _hf_sample(model: Qwen2ForCausalLM, prompts: list[list[int]], max_tokens: in
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=_sampling(max_tokens, n))
+        out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                             generation_config=_sampling(max_tokens, n))
     return [row[: _useful(row)] for row in out[:, width:].tolist()]
 
 
@@ -99,10 +100,10 @@ def _useful(row: list[int]) -> int:
 
 
 def run_rollout_bench(shape: Shape | None = None, dtype: str = "float32", hf_paged: bool = True,
-                      seed: int = 0) -> tuple[list[Row], dict]:
+                      seed: int = 0, device: str = "cpu") -> tuple[list[Row], dict]:
     shape = shape or Shape()
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    model = build_model(shape, torch_dtype)
+    model = build_model(shape, torch_dtype, device)
     params = SamplingParams(temperature=1.0, max_tokens=shape.max_tokens, stop_token_ids=[1], seed=seed)
     g = torch.Generator().manual_seed(seed)
     lo, hi = shape.prompt_len
@@ -149,7 +150,7 @@ def run_rollout_bench(shape: Shape | None = None, dtype: str = "float32", hf_pag
         rows.insert(2, _hf_paged(model, prompts, shape))
         _progress(rows[2])
 
-    meta = {"params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1), "dtype": dtype,
+    meta = {"params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1), "dtype": dtype, "device": device,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "shape": asdict(shape)}
     return rows, meta
 
