@@ -77,3 +77,19 @@ def test_stale_batches_report_their_age_and_the_decoupled_objective_its_weights(
         assert r[f"staleness_hist/{r['staleness']}"] == 1.0
         assert 0 < r["is_weight_mean"] <= 2.0 and r["is_weight_max"] > 0 and 0 <= r["is_truncated"] <= 1
         assert any(k.startswith("is_weight/") for k in r) and any(k.startswith("staleness/") for k in r)
+
+
+def test_refills_keep_async_equal_to_sync_at_no_staleness_and_reproducible_with_staleness(tiny_config, tmp_path):
+    refill = ["train.max_refill_rounds=2"]
+    _, sync_log, sync_w = _run(tiny_config, tmp_path, "rs", *refill)
+    _, async_log, async_w = _run(tiny_config, tmp_path, "ra0", "pipeline.mode=async", "pipeline.max_staleness=0",
+                                 *refill)
+    assert _same(sync_w, async_w)
+    assert [_untimed(r) | {"staleness": 0} for r in sync_log] == [_untimed(r) for r in async_log]
+    import pandas as pd
+
+    groups = set(pd.read_parquet(tmp_path / "ra0" / "trajectories")["group_id"])
+    assert any("a1/" in g for g in groups)  # refills did run: groups from attempt 1
+    _, a, wa = _run(tiny_config, tmp_path, "ra1", "pipeline.mode=async", "pipeline.max_staleness=1", *refill)
+    _, b, wb = _run(tiny_config, tmp_path, "ra1b", "pipeline.mode=async", "pipeline.max_staleness=1", *refill)
+    assert [_untimed(r) for r in a] == [_untimed(r) for r in b] and _same(wa, wb)

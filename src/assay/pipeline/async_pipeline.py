@@ -5,9 +5,10 @@ The schedule is fixed, so a run is a function of its seed like the synchronous o
 s is sampled with the weights of version max(start, s - 1 - k) (k = max_staleness), its tasks are
 drawn after the mixer has seen step s - 1 - k and before it sees step s - k. With k = 0 this is the
 synchronous pipeline exactly; with k >= 1 the rollout of step s + k overlaps the training of step s.
-Zero-variance groups are dropped but not refilled (a refill would draw tasks at a moment the
-schedule does not fix): sample more groups per step instead. A resume restarts the rollout from the
-checkpoint, re-sampling what was in flight, so in async mode it is not bit-exact."""
+Dynamic sampling refills dropped groups as the synchronous pipeline does; a refill for step s is
+drawn after the mixer has seen step s - k (with k >= 1 it waits for that update) and before it sees
+step s - k + 1, so refills keep the run a function of its seed. A resume restarts the rollout from
+the checkpoint, re-sampling what was in flight, so in async mode it is not bit-exact."""
 
 from __future__ import annotations
 
@@ -22,10 +23,14 @@ from torch import Tensor
 
 from assay.core.config import Config, build_config, load_config
 from assay.core.storage import MetricsLogger, TrajectoryWriter, prepare_run_dir
+from assay.core.types import Task
 from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
 from assay.rollout.factory import make_backend
-from assay.train.advantages import filter_zero_variance
+
+
+class _Stopped(Exception):
+    """The trainer failed while the rollout thread waited: it ends quietly (the trainer raises)."""
 
 
 class AsyncPipeline(SyncPipeline):
@@ -35,6 +40,7 @@ class AsyncPipeline(SyncPipeline):
         self._lock = threading.Condition()  # guards the mixer and the two step counters
         self._trained = self._sampled = self.start_step
         self._eval_backend: Any = None
+        self._failed = threading.Event()  # set when either thread fails: the other stops waiting
 
     def rollout_backend(self) -> Any:
         """A copy of the weights of its own: the trainer steps its tensors while the rollout samples."""
@@ -56,6 +62,15 @@ class AsyncPipeline(SyncPipeline):
             while not ready() and not failed.is_set():
                 self._lock.wait(timeout=1.0)
 
+    def refill_tasks(self, n: int, step: int) -> list[Task]:
+        k = self.cfg.pipeline.max_staleness
+        if k:  # after the mixer has seen step - k: the trainer updates it only once this step is drawn
+            self._wait(lambda: self._trained >= step - k, self._failed)
+        if self._failed.is_set():
+            raise _Stopped
+        with self._lock:
+            return self.mixer.sample(n)
+
     def _rollout_loop(self, batches: queue.Queue[Any], failed: threading.Event) -> None:
         cfg, k = self.cfg, self.cfg.pipeline.max_staleness
         try:
@@ -71,11 +86,12 @@ class AsyncPipeline(SyncPipeline):
                     self._lock.notify_all()
                 if weights is not None:
                     self.backend.update_weights(weights, version=version)
-                everything = self._rollout(tasks, step, 0)
-                kept, dropped = filter_zero_variance(everything) if cfg.train.dynamic_sampling else (everything, 0)
+                everything, kept, dropped = self.collect_batch(step, tasks)
                 take = getattr(self.backend, "take_stats", None)
                 stats = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
                 batches.put((step, version, everything, kept, dropped, stats))
+        except _Stopped:
+            return
         except BaseException as e:  # handed to the trainer thread, which raises it
             batches.put(e)
 
@@ -84,7 +100,7 @@ class AsyncPipeline(SyncPipeline):
         writer = TrajectoryWriter(self.run_dir / "trajectories")
         metrics = MetricsLogger(self.run_dir)
         batches: queue.Queue[Any] = queue.Queue()
-        failed = threading.Event()
+        failed = self._failed
         rollout = threading.Thread(target=self._rollout_loop, args=(batches, failed), name="assay-rollout", daemon=True)
         rollout.start()
         try:

@@ -80,11 +80,13 @@ class SyncPipeline:
         shape_rewards(trajs, self.domains)
         return trajs
 
-    def collect_batch(self, step: int) -> tuple[list[Trajectory], list[Trajectory], int]:
-        """(every trajectory sampled, those kept for training, groups dropped for zero variance).
-        Dynamic sampling refills dropped groups with fresh tasks, a bounded number of times."""
+    def collect_batch(self, step: int, tasks: list[Task] | None = None
+                      ) -> tuple[list[Trajectory], list[Trajectory], int]:
+        """(every trajectory sampled, those kept for training, groups dropped for zero variance), from
+        `tasks` (default: drawn now). Dynamic sampling refills dropped groups with fresh tasks
+        (`refill_tasks`), a bounded number of times."""
         want = self.cfg.train.groups_per_step
-        everything = self._rollout(self.mixer.sample(want), step, 0)
+        everything = self._rollout(tasks if tasks is not None else self.mixer.sample(want), step, 0)
         if not self.cfg.train.dynamic_sampling:
             return everything, everything, 0
         kept, dropped = filter_zero_variance(everything)
@@ -92,12 +94,16 @@ class SyncPipeline:
             missing = want - len({t.group_id for t in kept})
             if missing <= 0:
                 break
-            more = self._rollout(self.mixer.sample(missing), step, attempt)
+            more = self._rollout(self.refill_tasks(missing, step), step, attempt)
             everything += more
             more_kept, more_dropped = filter_zero_variance(more)
             kept += more_kept
             dropped += more_dropped
         return everything, kept, dropped
+
+    def refill_tasks(self, n: int, step: int) -> list[Task]:
+        """Tasks to replace `n` dropped groups of step `step`: here the mixer's next draw."""
+        return self.mixer.sample(n)
 
     def run(self, view: RunView | None = None) -> None:
         cfg = self.cfg
