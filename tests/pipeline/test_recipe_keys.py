@@ -65,3 +65,6 @@ def test_shaped_rewards_reach_training_and_are_logged_per_term(tiny_config, tmp_
                 if json.loads(line)["kind"] == "train"]
     assert record["domain/arith/term_length"] < 0 and "domain/arith/term_verifier" in record
     assert not any(k.startswith("domain/no_e/term_") for k in record)
+    from assay.eval.report import write_report
+
+    assert 'alt="reward term length"' in write_report(run).read_text()

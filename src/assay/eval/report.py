@@ -72,6 +72,8 @@ def write_report(run_dir: Path) -> Path:
     sections.append("<h2>Per domain</h2>")
     colors: dict[str, str] = {}
     sections += [_img(per_key[k], title, colors) for k, title in PANELS if per_key.get(k)]
+    sections += [_img(per_key[k], f"reward term {k[len('term_'):]}", colors) for k in sorted(per_key)
+                 if k.startswith("term_")]  # shaped rewards (domains[].rewards), one panel per term
     sections.append("<h2>Optimisation</h2>")
     sections += [_img(per_key[k], title, colors) for k, title in GLOBAL if per_key.get(k)]
     sections.append(trajectory_list(sorted((run_dir / "trajectories").glob("*.parquet")), "Training trajectories"))
