@@ -25,4 +25,5 @@ def test_quickstart_flow_on_a_tiny_budget(tmp_path):
         assert r["verdict"] in ("lift", "regression", "no significant change")
     assert (run / "sft" / "policy" / "model.safetensors").is_file()
     assert (run / "checkpoints" / "step_2" / "model.safetensors").is_file()
-    assert "Evaluation" in (run / "report.html").read_text()
+    page = (run / "report.html").read_text()
+    assert "Held-out evaluation" in page and "<table id=summary>" in page and "Training trajectories" in page
