@@ -40,19 +40,22 @@ QWEN_STYLE_TEMPLATE = (
 )
 
 
-@pytest.fixture(scope="module")
-def qwen_tok():
+def _bpe(specials: list[str], words: str, **kwargs) -> PreTrainedTokenizerFast:
+    """A small byte-level BPE with these special tokens, wrapped with `kwargs` (tokens, chat template)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([f"user What is {a}+{a * 7}? Let me add. calc expression Answer:" for a in range(50)],
-                            trainer=trainer)
-    t = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                extra_special_tokens=specials[1:], chat_template=QWEN_STYLE_TEMPLATE,
-                                clean_up_tokenization_spaces=False)
+    tok.train_from_iterator([f"user What is {a}+{a * 7}? {words} Answer:" for a in range(50)], trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def qwen_tok():
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    t = _bpe(specials, "Let me add. calc expression", eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+             extra_special_tokens=specials[1:], chat_template=QWEN_STYLE_TEMPLATE)
     t.add_tokens(["<tool_call>", "</tool_call>"])  # added, not special, as in Qwen2.5
     return t
 
@@ -150,17 +153,9 @@ LLAMA_STYLE_TEMPLATE = (  # Llama 3.x's layout: header ids, <|eot_id|>, JSON cal
 
 @pytest.fixture(scope="module")
 def llama_tok():
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([f"user What is {a}+{a * 7}? name parameters calc expression Answer:" for a in range(50)],
-                            trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
-                                   extra_special_tokens=specials[2:], chat_template=LLAMA_STYLE_TEMPLATE,
-                                   clean_up_tokenization_spaces=False)
+    return _bpe(specials, "name parameters calc expression", bos_token="<|begin_of_text|>",
+                eos_token="<|end_of_text|>", extra_special_tokens=specials[2:], chat_template=LLAMA_STYLE_TEMPLATE)
 
 
 def test_llama_style_layout_is_token_exact_and_its_json_calls_parse(llama_tok):
