@@ -14,14 +14,12 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from assay.core.chat_format import chat_format
+from assay.core.chat_format import TOOL_CALL_END, TOOL_CALL_START, chat_format
 from assay.core.errors import AssayError
 from assay.core.types import Message, ToolCall, ToolSpec
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
-TOOL_CALL_START = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
 ENDOFTEXT = "<|endoftext|>"  # also the pad token
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END, TOOL_CALL_START, TOOL_CALL_END]
 _SPECIAL_RE = re.compile("|".join(re.escape(s) for s in SPECIAL_TOKENS))
