@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from assay.core.chat_format import chat_format, split_template
+from assay.core.chat_format import chat_format
 from assay.core.errors import AssayError
 from assay.core.tokenizer import special_token_id
 from assay.core.types import Message, Task
@@ -53,10 +53,11 @@ def encode_pieces(tokenizer: PreTrainedTokenizerBase, pieces: list[tuple[str, bo
     """(text, is_template) pieces as ids: the template's special tokens by id, everything else as text
     (adjacent text encoded together, as a tokenizer encodes a rendered conversation), where a special
     token's spelling in a message or tool output stays text."""
+    fmt = chat_format(tokenizer)
     ids: list[int] = []
     text = ""
     for piece, is_template in pieces:
-        for part, special in split_template(tokenizer, piece) if is_template else [(piece, False)]:
+        for part, special in fmt.split(piece) if is_template else [(piece, False)]:
             if special:
                 ids += encode_text(tokenizer, text) + [special_id(tokenizer, part)]
                 text = ""

@@ -36,6 +36,14 @@ class ChatFormat:
     between: str  # between two tool results
     last: str  # after the last tool result, through the next assistant generation prompt
     tool_calls: ToolCallStyle
+    specials: frozenset[str] = frozenset()  # the tokenizer's special and added tokens
+    splitter: re.Pattern[str] | None = None  # matches any of them, the longest first
+
+    def split(self, text: str) -> list[tuple[str, bool]]:
+        """Template text cut at the tokenizer's special and added tokens: (piece, is_special_token)."""
+        if self.splitter is None:
+            return [(text, False)]
+        return [(p, p in self.specials) for p in self.splitter.split(text) if p]
 
     def observation_text(self, outputs: list[str]) -> list[tuple[str, bool]]:
         """The observation after an assistant turn as (text, is_template) pieces."""
@@ -100,7 +108,10 @@ def _read(tokenizer: Any) -> ChatFormat:
                          "generation prompt, so sampled turns cannot be appended token for token; use a template "
                          "whose assistant turns start with the generation prompt")
     after = one[len(prompt) + len(_ANSWER):]
-    turn_end = next((s for s in _specials(tokenizer) if s and after.startswith(s)), None)
+    # longest first, so the splitter's alternation prefers the longest match
+    specials = sorted({*getattr(tokenizer, "all_special_tokens", []), *tokenizer.get_added_vocab()} - {""}, key=len,
+                      reverse=True)
+    turn_end = next((s for s in specials if after.startswith(s)), None)
     if turn_end is None:
         raise AssayError(f"tokenizer {name!r}: its chat template ends an assistant turn with {after[:20]!r}, not a "
                          "special token, so generation would have no turn end to stop at")
@@ -112,11 +123,12 @@ def _read(tokenizer: Any) -> ChatFormat:
     call = _render_call(tokenizer, user)
     style: ToolCallStyle = ("assay" if f"{TOOL_CALL_START}{{" in call else
                             "llama3" if '"parameters"' in call and TOOL_CALL_START not in call else "hermes")
-    return ChatFormat(turn_end, first, between, last, style)
+    splitter = re.compile("(" + "|".join(re.escape(s) for s in specials) + ")") if specials else None
+    return ChatFormat(turn_end, first, between, last, style, frozenset(specials), splitter)
 
 
 def _render_call(tokenizer: Any, user: dict[str, Any]) -> str:
-    """A turn with one tool call as the template renders it: tells the two styles apart."""
+    """A turn with one tool call as the template renders it: tells the three styles apart."""
     call = {"role": "assistant", "content": "",
             "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}
     try:
@@ -124,16 +136,3 @@ def _render_call(tokenizer: Any, user: dict[str, Any]) -> str:
     except Exception:
         return ""
 
-
-def split_template(tokenizer: Any, text: str) -> list[tuple[str, bool]]:
-    """Template text cut at the tokenizer's special and added tokens: (piece, is_special_token)."""
-    specials = _specials(tokenizer)
-    if not specials:
-        return [(text, False)]
-    parts = re.split("(" + "|".join(re.escape(s) for s in specials) + ")", text)
-    return [(p, p in specials) for p in parts if p]
-
-
-def _specials(tokenizer: Any) -> list[str]:
-    """Special and added tokens, longest first (so a regex alternation prefers the longest match)."""
-    return sorted({*getattr(tokenizer, "all_special_tokens", []), *tokenizer.get_added_vocab()}, key=len, reverse=True)

@@ -32,6 +32,7 @@ class ModelConfig(_Strict):
     # where and how the policy, the reference model and the engine hold their weights
     device: str = "cpu"  # "cpu", "cuda", "cuda:1", ...
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # sdpa by default: no slower than eager for the tiny built models (docs/architecture.md, Threads)
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
 
     @model_validator(mode="after")

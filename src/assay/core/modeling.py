@@ -24,8 +24,6 @@ from assay.core.config import ModelConfig
 from assay.core.errors import AssayError, CheckpointError
 from assay.core.tokenizer import stop_token_ids
 
-# sdpa rather than eager attention: no slower for the tiny built models (docs/architecture.md, Threads).
-ATTN_IMPLEMENTATION = ModelConfig.model_fields["attn_implementation"].default
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

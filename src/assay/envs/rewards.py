@@ -61,10 +61,11 @@ def check_rewards(domains: Sequence[DomainConfig]) -> None:
 def shape_rewards(trajs: Sequence[Trajectory], domains: dict[str, DomainConfig]) -> None:
     """Replace each ok trajectory's reward by its domain's weighted sum of terms (in place); domains
     without `rewards` keep the verifier's score untouched."""
+    fns = {name: [(term, resolve(term.fn)) for term in dom.rewards] for name, dom in domains.items()}
     for t in trajs:
         dom = domains[t.task.domain]
         if not dom.rewards or t.status != OK:
             continue
-        terms = {term.fn: float(resolve(term.fn)(t, dom)) for term in dom.rewards}
+        terms = {term.fn: float(fn(t, dom)) for term, fn in fns[t.task.domain]}
         t.reward_info["terms"] = {"verifier": t.reward, **terms}
         t.reward = sum(term.weight * terms[term.fn] for term in dom.rewards)

@@ -137,9 +137,10 @@ class DomainMixer:
             if not ok:
                 continue
             cur = self.curricula[name]
-            for t in ok:
-                if self.domains[name].difficulty.schedule == "curriculum" and t.task.difficulty == cur.level:  # late results from another level do not count here
-                    cur.record(t.passed)
+            if self.domains[name].difficulty.schedule == "curriculum":  # a uniform schedule never moves
+                for t in ok:
+                    if t.task.difficulty == cur.level:  # late results from another level do not count here
+                        cur.record(t.passed)
             # the level the results came from: the most common one, ties to the higher
             level = max(Counter(t.task.difficulty for t in ok).items(), key=lambda kv: (kv[1], kv[0]))[0]
             self.history[name].append((sum(t.passed for t in ok) / len(ok), level))
