@@ -4,7 +4,7 @@ from train_helpers import Bigram, tiny_qwen
 
 from assay.core.errors import AssayError
 from assay.train.batching import lr_at
-from assay.train.sft import sft_loss, sft_step, sft_train
+from assay.train.sft import length_buckets, sft_loss, sft_step, sft_train
 
 torch.set_num_threads(1)
 
@@ -27,6 +27,31 @@ def test_step_updates_and_returns_loss_before_step():
     # SGD on -log softmax(row 0)[1]: d/dlogit = softmax - onehot = (.25, -.75, .25, .25)
     assert model.table[0].tolist() == pytest.approx([-0.25, 0.75, -0.25, -0.25])
     assert model.table[1:].abs().sum().item() == 0.0
+
+
+def test_length_buckets_bound_padding_and_keep_every_example():
+    batch = [([1] * n, [0] + [1] * (n - 1)) for n in (9, 2, 5, 3, 12, 4)]
+    buckets = length_buckets(batch, max_tokens=10)
+    assert sorted(len(ids) for b in buckets for ids, _ in b) == [2, 3, 4, 5, 9, 12]
+    assert [[len(ids) for ids, _ in b] for b in buckets] == [[2, 3], [4, 5], [9], [12]]  # 12 alone: over budget
+    assert length_buckets(batch, 0) == [batch]
+
+
+def test_bucketed_step_gives_the_one_pass_gradient():
+    """Accumulating over length buckets computes the same batch-mean loss and update as one padded pass."""
+    g = torch.Generator().manual_seed(0)
+    batch = [(torch.randint(1, 64, (n,), generator=g).tolist(), [0] * (n // 2) + [1] * (n - n // 2))
+             for n in (5, 17, 9, 30, 12, 6)]
+    models = [tiny_qwen(), tiny_qwen()]
+    models[1].load_state_dict(models[0].state_dict())
+    losses = []
+    for model, budget in zip(models, (0, 40), strict=True):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses.append(sft_step(model, opt, batch, grad_clip=None, micro_batch_tokens=budget))
+    assert len(length_buckets(batch, 40)) > 2
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_lr_schedule_by_hand():

@@ -139,6 +139,9 @@ class SFTConfig(_Strict):
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
+    # A batch's gradient is accumulated over length buckets of at most this many padded tokens, so short
+    # examples are not padded to the longest one's length (same loss; 0: the whole batch in one pass).
+    micro_batch_tokens: int = Field(1024, ge=0)
     examples_per_domain: int = Field(2000, gt=0)
     max_level: int | None = Field(None, ge=1)  # SFT only on levels <= this (None: the domain's whole range)
     # Share of demonstrations whose response is another task's (same domain and level): the label noise

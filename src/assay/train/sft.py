@@ -27,29 +27,57 @@ def pad_batch(batch: Sequence[Example], device: torch.device) -> tuple[Tensor, T
     return ids.to(device), attn.to(device), mask.to(device)
 
 
-def sft_loss(model: nn.Module, batch: Sequence[Example]) -> Tensor:
-    """Cross entropy of token t given tokens < t (logits at t-1), averaged over all mask==1 tokens."""
+def length_buckets(batch: Sequence[Example], max_tokens: int) -> list[list[Example]]:
+    """The batch in micro-batches of similar length, each at most `max_tokens` once right-padded (an
+    example longer than that alone): padding a short example to a long one's length is wasted compute.
+    `max_tokens` 0 keeps the batch whole."""
+    if max_tokens <= 0:
+        return [list(batch)]
+    buckets: list[list[Example]] = [[]]
+    for ex in sorted(batch, key=lambda e: len(e[0])):
+        if buckets[-1] and (len(buckets[-1]) + 1) * len(ex[0]) > max_tokens:
+            buckets.append([])
+        buckets[-1].append(ex)
+    return buckets
+
+
+def learned_tokens(batch: Sequence[Example]) -> int:
+    """The tokens the loss averages over (the first token has no prediction)."""
+    return sum(sum(mask[1:]) for _, mask in batch)
+
+
+def sft_nll(model: nn.Module, batch: Sequence[Example]) -> Tensor:
+    """Cross entropy of token t given tokens < t (logits at t-1), summed over the mask==1 tokens."""
     ids, attn, mask = pad_batch(batch, next(model.parameters()).device)
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
-    m = mask[:, 1:].reshape(-1)
-    return (nll * m).sum() / m.sum().clamp_min(1.0)
+    return (nll * mask[:, 1:].reshape(-1)).sum()
+
+
+def sft_loss(model: nn.Module, batch: Sequence[Example]) -> Tensor:
+    """The batch's mean cross entropy over its mask==1 tokens."""
+    return sft_nll(model, batch) / max(1, learned_tokens(batch))
 
 
 def sft_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Sequence[Example], grad_clip: float | None = 1.0
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Sequence[Example], grad_clip: float | None = 1.0,
+    micro_batch_tokens: int = 0,
 ) -> float:
-    """One optimizer step on one batch; returns the loss before the step."""
+    """One optimizer step on the batch's mean loss, its gradient accumulated over length buckets of at
+    most `micro_batch_tokens` padded tokens (0: one pass); returns the loss before the step."""
     for i, (ids, mask) in enumerate(batch):
         _check(i, ids, mask)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    loss = sft_loss(model, batch)
-    loss.backward()
+    total, loss = max(1, learned_tokens(batch)), 0.0
+    for bucket in length_buckets(batch, micro_batch_tokens):
+        part = sft_nll(model, bucket) / total
+        part.backward()
+        loss += float(part.item())
     if grad_clip is not None:
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
     optimizer.step()
-    return float(loss.item())
+    return loss
 
 
 def _batches(n: int, batch_size: int, rng: random.Random) -> Iterator[list[int]]:
@@ -76,6 +104,7 @@ def sft_train(
     weight_decay: float = 0.0,
     grad_clip: float | None = 1.0,
     betas: tuple[float, float] = (0.9, 0.95),
+    micro_batch_tokens: int = 0,
 ) -> list[float]:
     """AdamW with warmup + cosine; the batch order depends only on `seed`. Returns the loss per step;
     `on_step(step, loss, lr)` is called after each step (for logging)."""
@@ -93,7 +122,7 @@ def sft_train(
     for step in range(steps):
         rate = lr_at(step, lr, warmup, decay_steps=steps)
         set_lr(optimizer, rate)
-        loss = sft_step(model, optimizer, [examples[i] for i in next(batches)], grad_clip)
+        loss = sft_step(model, optimizer, [examples[i] for i in next(batches)], grad_clip, micro_batch_tokens)
         losses.append(loss)
         if on_step is not None:
             on_step(step, loss, rate)
