@@ -23,11 +23,11 @@ def test_the_framework_stamps_identity_after_generate():
     from assay import Message, Task, generate_task, task_id
 
     class Bare:  # an environment that leaves env and env_hash empty
-        name, version, domain, difficulties, tools = "bare", "1", "text", (1,), ()
+        name, version, category, difficulties, tools = "bare", "1", "text", (1,), ()
 
         def generate(self, rng, difficulty):
             word = rng.choice("abc")
-            return Task(env="", task_id=task_id("bare@1", difficulty, word), domain="text", difficulty=difficulty,
+            return Task(env="", task_id=task_id("bare@1", difficulty, word), difficulty=difficulty,
                         prompt=[Message("user", word)])
 
     task = generate_task(Bare(), random.Random(0), 1)
@@ -43,13 +43,13 @@ def test_a_task_without_id_or_at_another_difficulty_is_refused_by_name():
     from assay.core.errors import AssayError
 
     class Sloppy:
-        name, version, domain, difficulties, tools = "sloppy", "1", "text", (1, 2), ()
+        name, version, category, difficulties, tools = "sloppy", "1", "text", (1, 2), ()
 
         def __init__(self, task_id, level):
             self.task_id, self.level = task_id, level
 
         def generate(self, rng, difficulty):
-            return Task(env="", task_id=self.task_id, domain="text", difficulty=self.level,
+            return Task(env="", task_id=self.task_id, difficulty=self.level,
                         prompt=[Message("user", "hi")])
 
     with pytest.raises(AssayError, match="without a task_id"):

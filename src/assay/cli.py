@@ -300,14 +300,14 @@ def env_list() -> None:
 @env_app.command("show")
 def env_show(spec: Annotated[str, typer.Argument(help="NAME or NAME@VERSION")],
              store: Annotated[Path, typer.Option(help="the QA store")] = Path("envqa")) -> None:
-    """Domain, tools, difficulty levels, hash and the last QA result of an environment."""
+    """Category, tools, difficulty levels, hash and the last QA result of an environment."""
     from assay.envs.qa.gate import GATE_VERSION
     from assay.envs.qa.store import gate_version, latest
     from assay.envs.registry import env_hash, env_parts, env_spec, get_env
     from assay.envs.split import SPACE_DRAWS, estimate_space, eval_share
 
     env = get_env(spec)
-    console.print(f"[bold]{env_spec(env)}[/]  domain {env.domain}  levels {list(env.difficulties)}  hash {env_hash(env)}")
+    console.print(f"[bold]{env_spec(env)}[/]  category {env.category}  levels {list(env.difficulties)}  hash {env_hash(env)}")
     for tool in env.tools:
         console.print(f"  tool {tool.name}: {tool.description}")
     for part, h in env_parts(env).items():
@@ -379,6 +379,8 @@ def env_check(spec: Annotated[str | None, typer.Argument(help="NAME or NAME@VERS
 
 def _policy_rates(checkpoint: Path, env: Environment) -> Callable[[dict[int, list[Task]]], dict[int, list[float]]]:
     """A policy checkpoint's pass rate on each of the gate's tasks (4 samples each), per level."""
+    from dataclasses import replace
+
     from assay.agent.groups import collect
     from assay.core.config import DifficultyRange, DomainConfig, RolloutConfig
     from assay.core.modeling import load_model
@@ -387,13 +389,14 @@ def _policy_rates(checkpoint: Path, env: Environment) -> Callable[[dict[int, lis
     model, tokenizer = load_model(checkpoint)
     backend = make_backend(RolloutConfig(), model, tokenizer)
     levels = list(env.difficulties)
-    domain = DomainConfig(name=env.domain, env=env.name, max_turns=8,
+    domain = DomainConfig(name=env.name, env=env.name, max_turns=8,
                           difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
 
     def rates(tasks: dict[int, list[Task]]) -> dict[int, list[float]]:
         out = {}
         for level, level_tasks in tasks.items():
-            trajs = collect(backend, tokenizer, {env.domain: env}, {env.domain: domain}, level_tasks, samples=4,
+            drawn = [replace(t, domain=env.name) for t in level_tasks]
+            trajs = collect(backend, tokenizer, {env.name: env}, {env.name: domain}, drawn, samples=4,
                             temperature=1.0, seed=0)
             out[level] = [sum(t.passed for t in trajs[i:i + 4]) / 4 for i in range(0, len(trajs), 4)]
         return out

@@ -41,19 +41,19 @@ def test_levels_have_their_shape_and_bounds():
 
 
 def test_reference_form_is_steps_then_answer():
-    task = Task(env="arith@1", task_id="t", domain="math", difficulty=3, prompt=[],
+    task = Task(env="arith@2", task_id="t", domain="math", difficulty=3, prompt=[],
                 payload={"expression": "3*4+7-5", "answer": 14})
     assert ArithEnv().reference_solution(task) == [Message("assistant", "3*4=12, 12+7=19, 19-5=14\nAnswer: 14")]
 
 
 def test_generation_is_pinned_for_a_seed():
-    # A change here changes the tasks of arith@1: bump the version instead.
+    # A change here changes the tasks of arith@2: bump the version instead.
     task = ArithEnv().generate(random.Random(0), 2)
     assert task.prompt[0].content == "Compute 4-2+20." and task.payload["answer"] == 22
 
 
 def _grade(answer: str, expected: int = 14) -> bool:
-    task = Task(env="arith@1", task_id="t", domain="math", difficulty=1, prompt=[],
+    task = Task(env="arith@2", task_id="t", domain="math", difficulty=1, prompt=[],
                 payload={"expression": "3*4+7-5", "answer": expected})
     return ArithEnv().start(task, None).verify([Message("assistant", answer)]).passed
 

@@ -25,12 +25,12 @@ def scratch_registry(monkeypatch):
 def _toy(version: str) -> type:
     class Toy:
         name = "toy"
-        domain = "test"
+        category = "test"
         difficulties = (1,)
         tools = ()
 
         def generate(self, rng: random.Random, difficulty: int) -> Task:
-            return Task("toy@" + self.version, "t", "test", difficulty, [Message("user", "hi")])
+            return Task("toy@" + self.version, "t", difficulty, [Message("user", "hi")])
 
         def reference_solution(self, task: Task) -> list[Message]:
             return [Message("assistant", "hi")]
@@ -44,11 +44,11 @@ def _toy(version: str) -> type:
 
 
 def test_builtins_are_listed():
-    assert list_envs() == [("arith", "1"), ("codegen", "1"), ("jsonl", "1"), ("terminal", "1"), ("toolcalc", "1")]
+    assert list_envs() == [("arith", "2"), ("codegen", "2"), ("jsonl", "2"), ("terminal", "2"), ("toolcalc", "2")]
 
 
 def test_name_and_name_at_version_resolve():
-    assert isinstance(get_env("arith"), ArithEnv) and isinstance(get_env("arith@1"), ArithEnv)
+    assert isinstance(get_env("arith"), ArithEnv) and isinstance(get_env("arith@2"), ArithEnv)
     assert get_env("codegen", timeout_s=1.5).limits.timeout_s == 1.5
 
 
@@ -96,10 +96,10 @@ def test_env_hash_covers_version_module_sources_and_parameters():
     parts = registry.env_parts(env)
     assert parts["code assay.envs.builtin.arith"] == sha(inspect.getsource(arith))
     assert parts["code assay.envs.builtin._common"] == sha(inspect.getsource(_common))
-    expected = sha(json.dumps({"version": "1", **parts}, sort_keys=True))
+    expected = sha(json.dumps({"version": "2", **parts}, sort_keys=True))
     assert env_hash(env) == expected
     task = env.generate(random.Random(0), 1)
-    assert task.env_hash == expected and task.env == "arith@1"
+    assert task.env_hash == expected and task.env == "arith@2"
     hashes = {env_hash(get_env(n)) for n in ("arith", "codegen", "toolcalc")}
     assert len(hashes) == 3
 
@@ -108,7 +108,7 @@ PLUGIN = """
 class PluginEnv:
     name = "plugged"
     version = "0.3"
-    domain = "test"
+    category = "test"
     difficulties = (1,)
     tools = ()
     def generate(self, rng, difficulty): ...

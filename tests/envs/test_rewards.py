@@ -13,7 +13,7 @@ def bonus(traj, dom):  # a user's term, imported by path
 
 
 def _traj(passed: bool, tokens: int, finish: str = "stop", content: str = "Answer: 1") -> Trajectory:
-    task = Task("x@1", "t", "d", 1, [Message("user", "q")])
+    task = Task("x@1", "t", 1, [Message("user", "q")], domain="d")
     return Trajectory(task, [Message("assistant", content)], [0] * (tokens + 1), [0] + [1] * tokens,
                       [0.0] * (tokens + 1), 1, finish_reason=finish, reward=float(passed), passed=passed)
 

@@ -8,7 +8,7 @@ from assay.envs.tools import parse_call
 
 
 def _task(difficulty: int, table: dict[str, int], signs: str, answer: int) -> Task:
-    return Task(env="toolcalc@1", task_id="t", domain="agent", difficulty=difficulty, prompt=[],
+    return Task(env="toolcalc@2", task_id="t", domain="agent", difficulty=difficulty, prompt=[],
                 tools=[LOOKUP], payload={"table": table, "keys": list(table), "signs": signs, "answer": answer})
 
 

@@ -13,7 +13,7 @@ class CountingEnv:
     def __init__(self, name: str, difficulties: tuple[int, ...] = (1, 2, 3)) -> None:
         self.name = name
         self.version = "1"
-        self.domain = name
+        self.category = name
         self.difficulties = list(difficulties)
         self.tools: list = []
 
@@ -22,7 +22,6 @@ class CountingEnv:
         return Task(
             env=f"{self.name}@1",
             task_id=f"{self.name}-{difficulty}-{n}",
-            domain=self.domain,
             difficulty=difficulty,
             prompt=[Message("user", f"say {n}")],
             payload={"answer": n},

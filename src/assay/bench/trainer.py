@@ -33,7 +33,7 @@ def measure(variant: str, seqs: int, length: int, completion: int, hidden: int, 
     batch = []
     for i in range(seqs):
         ids = torch.randint(0, VOCAB, (length,), generator=g).tolist()
-        task = Task("bench@1", f"t{i // 4}", "bench", 1, [Message("user", "")])
+        task = Task("bench@1", f"t{i // 4}", 1, [Message("user", "")], domain="bench")
         batch.append(Trajectory(task, [], ids, [0] * (length - completion) + [1] * completion,
                                 [-12.0] * length, length - completion, reward=float(i % 2), passed=bool(i % 2),
                                 group_id=f"g{i // 4}"))

@@ -67,13 +67,13 @@ class Reward:
 class Task:
     env: str  # name@version
     task_id: str
-    domain: str
     difficulty: int
     prompt: list[Message]
     tools: list[ToolSpec] = field(default_factory=list)
     payload: dict[str, Any] = field(default_factory=dict)  # hidden: answer, tests; never shown
     seed: int = 0
     env_hash: str = ""
+    domain: str = ""  # the run's name for the domain it was drawn for; set by the drawer, not the environment
 
 
 @dataclass

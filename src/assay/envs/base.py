@@ -13,14 +13,15 @@ Optional (found with getattr; each has the default named):
   episode's sandbox (the answer, hidden tests); the QA gate searches for them (default: the
   reference solution's final answer).
 - `Environment.qa_kind: "answer" | "code" | "terminal"` — which cheating strategies the QA gate
-  plays (default: inferred: domain "code" means code, a `bash` tool terminal, else answer;
-  declare it rather than rely on the domain's free text).
+  plays (default: "terminal" with a `bash` tool, else "answer"; an environment grading code
+  declares "code").
 - `Episode.close()` — release what `start` acquired; called once on every path (default: nothing).
 - `Observation.is_error` on a tool result counts as a tool error in the trajectory.
 
 What the framework stamps itself, after `generate` (`registry.generate_task`): the task's `env`
-(name@version) and `env_hash`; and the `seed` that produced it, when drawn for a split. An
-environment sets `task_id` (from the task's content: `assay.envs.task_id`), `difficulty` (the one
+(name@version) and `env_hash`; and the `seed` that produced it, when drawn for a split. Whoever
+draws a task for a run (the mixer, SFT, evaluation, a suite) sets its `domain`: the name the run
+gives the domain, which is not the environment's `category`. An environment sets `task_id` (from the task's content: `assay.envs.task_id`), `difficulty` (the one
 asked for), `prompt`, `tools` and a hidden `payload`."""
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Episode(Protocol):
 class Environment(Protocol):
     name: str
     version: str
-    domain: str
+    category: str  # free text for people ("math", "code"); a run names its own domains
     difficulties: Sequence[int]
     tools: Sequence[ToolSpec]
 

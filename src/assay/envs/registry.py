@@ -23,7 +23,7 @@ from assay.core.types import Task
 from assay.envs.base import Environment
 
 ENTRY_POINT_GROUP = "assay.environments"
-# domain, difficulties and tools may be set per instance (jsonl takes its domain as an argument)
+# category, difficulties and tools may be set per instance (jsonl takes its category as an argument)
 _REQUIRED = ("name", "version", "generate", "reference_solution", "start")
 
 _registry: dict[tuple[str, str], type] = {}

@@ -6,11 +6,11 @@ samples: 4                 # per task
 seed: 0                    # draws the tasks of entries given by count
 limits: {max_turns: 5, max_new_tokens: 64, max_context: 1024, temperature: 1.0, time_s: 120}
 entries:
-  - env: arith@1           # name@version: a suite pins the version ...
+  - env: arith@2           # name@version: a suite pins the version ...
     hash: 8f239d2fe25f     # ... and the content hash it was checked at (assay eval pin SUITE.yaml)
     levels: [2, 3]
     tasks: 8               # distinct evaluation-partition tasks, shared among the levels
-  - env: terminal@1
+  - env: terminal@2
     hash: ...
     env_args: {tasks_dir: my_tasks}   # a directory of terminal tasks
     split: all             # every task in it (only for tasks that are never trained on)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def sft_tasks(cfg: Config, envs: dict[str, Environment]) -> dict[str, list[Task]
         if cap is not None:
             levels = [lv for lv in levels if lv <= cap] or levels[:1]
         rng = random.Random(f"sft:{cfg.seed}:{dom.name}")
-        tasks[dom.name] = [draw_task(env, rng, levels[i % len(levels)], "train")
+        tasks[dom.name] = [replace(draw_task(env, rng, levels[i % len(levels)], "train"), domain=dom.name)
                            for i in range(cfg.sft.examples_per_domain)]
     return tasks
 

@@ -93,9 +93,9 @@ def test_the_store_locks_a_passed_version_and_diffs_against_the_previous_one(tmp
     with pytest.raises(VersionNotBumped, match="code assay.envs.builtin.arith.*bump its version"):
         check_version(tmp_path, env_spec(env), "f" * 12, parts)
     moved = tmp_path / "arith@0"
-    (tmp_path / "arith@1").rename(moved)
-    assert previous_version(tmp_path, "arith", "1")["env"] == "arith@1"
-    assert diff(previous_version(tmp_path, "arith", "1"), report) == ["same results as arith@1"]
+    (tmp_path / "arith@2").rename(moved)
+    assert previous_version(tmp_path, "arith", "2")["env"] == "arith@2"
+    assert diff(previous_version(tmp_path, "arith", "2"), report) == ["same results as arith@2"]
 
 
 def test_a_record_from_an_older_gate_is_no_pass_and_locks_only_the_parts_it_hashed(tmp_path):

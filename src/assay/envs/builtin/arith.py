@@ -117,8 +117,8 @@ _LEVELS = {1: (1, "+-", False, False, 9), 2: (2, "+-", False, False, 20), 3: (3,
 @register
 class ArithEnv:
     name = "arith"
-    version = "1"
-    domain = "math"
+    version = "2"
+    category = "math"
     difficulties = (1, 2, 3, 4)
     tools: tuple[ToolSpec, ...] = ()
     hash_deps = ("assay.envs.builtin._common",)
@@ -136,7 +136,7 @@ class ArithEnv:
             if (_acceptable(chain) and ("*" in expr) >= needs_mul and ("(" in expr) == needs_parens):
                 break
         payload = {"expression": expr, "answer": answer}
-        return Task(env=spec, task_id=task_id(spec, difficulty, expr), domain=self.domain, difficulty=difficulty,
+        return Task(env=spec, task_id=task_id(spec, difficulty, expr), difficulty=difficulty,
                     prompt=[Message("user", f"Compute {expr}.")], payload=payload, seed=seed,
                     env_hash=env_hash(self))
 

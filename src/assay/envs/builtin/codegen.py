@@ -171,8 +171,9 @@ class CodegenEpisode:
 @register
 class CodegenEnv:
     name = "codegen"
-    version = "1"
-    domain = "code"
+    version = "2"
+    category = "code"
+    qa_kind = "code"
     difficulties = (1, 2, 3, 4)
     tools: tuple[ToolSpec, ...] = ()
     hash_deps = ("assay.envs.builtin._common", "assay.envs.builtin._pyjudge")
@@ -200,7 +201,7 @@ class CodegenEnv:
                  f"Example: {example}"
         tests = [[a, o] for a, o in zip(inputs[1:], outputs[1:], strict=True)]
         payload = {"family": key, "params": params, "code": code, "tests": tests}
-        return Task(env=spec, task_id=task_id(spec, difficulty, [prompt, tests]), domain=self.domain,
+        return Task(env=spec, task_id=task_id(spec, difficulty, [prompt, tests]),
                     difficulty=difficulty, prompt=[Message("user", prompt)], payload=payload, seed=seed,
                     env_hash=env_hash(self))
 

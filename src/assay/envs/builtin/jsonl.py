@@ -127,23 +127,23 @@ def grade(final: list[Message], matcher: str, answer: str) -> Reward:
 @register
 class JsonlEnv:
     name = "jsonl"
-    version = "1"
+    version = "2"
     tools: tuple[ToolSpec, ...] = ()
     hash_deps = ("assay.envs.builtin._common",)
 
-    def __init__(self, path: str, matcher: str = "exact", domain: str = "custom") -> None:
+    def __init__(self, path: str, matcher: str = "exact", category: str = "custom") -> None:
         if matcher not in MATCHERS:
             raise AssayError(f"jsonl environment: unknown matcher {matcher!r}; use one of {', '.join(MATCHERS)}")
         self.path = Path(path)
         self.matcher = matcher
-        self.domain = domain
+        self.category = category
         self.records = load_records(self.path, matcher)
         self.by_level: dict[int, list[Record]] = {}
         for r in self.records:
             self.by_level.setdefault(r.difficulty, []).append(r)
         self.levels = tuple(sorted(self.by_level))
         self.difficulties = tuple(sorted(set(self.levels) | {1, 2, 3, 4}))
-        self._fingerprint = hashlib.sha256(self.path.read_bytes() + f"\0{matcher}\0{domain}".encode()).hexdigest()
+        self._fingerprint = hashlib.sha256(self.path.read_bytes() + f"\0{matcher}\0{category}".encode()).hexdigest()
 
     def fingerprint(self) -> str:
         """The data and settings this instance serves: part of its env_hash."""
@@ -164,7 +164,7 @@ class JsonlEnv:
                    "line": record.line, "level": level}
         # Labelled with the requested difficulty, so a curriculum's per-level accounting sees what it asked for.
         return Task(env=spec, task_id=task_id(spec, level, [self._fingerprint[:12], record.line, record.prompt]),
-                    domain=self.domain, difficulty=difficulty, prompt=[Message("user", record.prompt)],
+                    difficulty=difficulty, prompt=[Message("user", record.prompt)],
                     payload=payload, seed=seed, env_hash=env_hash(self))
 
     def reference_solution(self, task: Task) -> list[Message]:

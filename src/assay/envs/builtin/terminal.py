@@ -412,8 +412,9 @@ class TerminalEpisode:
 @register
 class TerminalEnv:
     name = "terminal"
-    version = "1"
-    domain = "terminal"
+    version = "2"
+    category = "terminal"
+    qa_kind = "terminal"
     tools: tuple[ToolSpec, ...] = (BASH,)
     hash_deps = ("assay.envs.builtin._common", "assay.envs.builtin._pyjudge", "assay.envs.builtin._terminal_tasks",
                  "assay.envs.tools")
@@ -448,7 +449,7 @@ class TerminalEnv:
         g = FAMILIES[family](local, difficulty)
         payload = {"family": family, "files": g.files, "executable": [], "check": g.check,
                    "solution": g.solution, "summary": g.summary}
-        return Task(env=spec, task_id=task_id(spec, difficulty, [family, g.files, g.check]), domain=self.domain,
+        return Task(env=spec, task_id=task_id(spec, difficulty, [family, g.files, g.check]),
                     difficulty=difficulty, prompt=[Message("system", SYSTEM), Message("user", g.instruction)],
                     tools=list(self.tools), payload=payload, seed=seed, env_hash=env_hash(self))
 
@@ -463,7 +464,7 @@ class TerminalEnv:
                    "check": {"verify": t.verify}, "solution": [{"command": c} for c in t.solution],
                    "summary": "Done.", "level": level}
         # Labelled with the requested difficulty, as jsonl does, so a curriculum sees what it asked for.
-        return Task(env=spec, task_id=task_id(spec, level, [self._fingerprint[:12], t.name]), domain=self.domain,
+        return Task(env=spec, task_id=task_id(spec, level, [self._fingerprint[:12], t.name]),
                     difficulty=difficulty, prompt=[Message("system", SYSTEM), Message("user", t.instruction)],
                     tools=list(self.tools), payload=payload, seed=seed, env_hash=env_hash(self))
 

@@ -67,8 +67,8 @@ class ToolcalcEpisode:
 @register
 class ToolcalcEnv:
     name = "toolcalc"
-    version = "1"
-    domain = "agent"
+    version = "2"
+    category = "agent"
     difficulties = (1, 2, 3, 4)
     tools: tuple[ToolSpec, ...] = (LOOKUP,)
     hash_deps = ("assay.envs.builtin._common", "assay.envs.tools")
@@ -89,7 +89,7 @@ class ToolcalcEnv:
         question = keys[0] + "".join(f" {s} {k}" for s, k in zip(signs[1:], keys[1:], strict=True))
         payload = {"table": dict(zip(keys, values, strict=True)), "keys": keys, "signs": signs, "answer": answer}
         prompt = [Message("system", SYSTEM), Message("user", f"What is {question}?")]
-        return Task(env=spec, task_id=task_id(spec, difficulty, payload), domain=self.domain, difficulty=difficulty,
+        return Task(env=spec, task_id=task_id(spec, difficulty, payload), difficulty=difficulty,
                     prompt=prompt, tools=list(self.tools), payload=payload, seed=seed, env_hash=env_hash(self))
 
     def reference_solution(self, task: Task) -> list[Message]:

@@ -25,10 +25,11 @@ KINDS = ("answer", "code", "terminal")
 
 
 def kind_of(env: Environment) -> str:
-    """How an environment is cheated on: its `qa_kind`, else inferred from its domain and tools."""
+    """How an environment is cheated on: its declared `qa_kind`, else "terminal" when it has a `bash`
+    tool and "answer" otherwise (an environment that grades code declares "code")."""
     kind = getattr(env, "qa_kind", None)
     if kind is None:
-        kind = "code" if env.domain == "code" else "terminal" if any(t.name == "bash" for t in env.tools) else "answer"
+        kind = "terminal" if any(t.name == "bash" for t in env.tools) else "answer"
     return kind
 
 
