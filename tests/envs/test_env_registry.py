@@ -61,7 +61,7 @@ def test_unknown_name_lists_the_known_environments():
 def test_unknown_version_lists_the_available_versions():
     with pytest.raises(UnknownEnvironmentError) as e:
         get_env("arith@7")
-    assert str(e.value) == "environment 'arith' has no version '7'; available versions: 1"
+    assert str(e.value) == "environment 'arith' has no version '7'; available versions: 2"
 
 
 def test_bad_env_args_name_what_the_environment_takes():

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, replace
 
 from assay.core.types import Message, Observation, Reward, Task, ToolCall
-from assay.envs.builtin._common import last_assistant
+from assay.envs.builtin._common import extract_int, last_assistant
 from assay.envs.builtin._pyjudge import extract_code
 from assay.envs.builtin.arith import ArithEnv
 from assay.envs.builtin.codegen import CodegenEnv, CodegenEpisode
@@ -32,6 +32,19 @@ class AcceptsAnything(ArithEnv):
 
     def start(self, task, sandbox):
         return _Verdict(lambda final: Reward(1.0, True))
+
+
+class AcceptsAnyNumberOfTheRightParity(ArithEnv):
+    """Refuses empty and malformed answers, so only other tasks' answers can catch it."""
+
+    name = "broken-parity"
+
+    def start(self, task, sandbox):
+        def grade(final):
+            got = extract_int(last_assistant(final).content)
+            ok = got is not None and got % 2 == int(task.payload["answer"]) % 2
+            return Reward(float(ok), ok)
+        return _Verdict(grade)
 
 
 class LeaksTheAnswer(ArithEnv):

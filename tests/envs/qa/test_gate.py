@@ -7,6 +7,7 @@ import random
 
 import pytest
 from broken_envs import (
+    AcceptsAnyNumberOfTheRightParity,
     AcceptsAnything,
     ChecksInTheWorkspace,
     DeclaresNoSecrets,
@@ -21,8 +22,9 @@ from broken_envs import (
 
 from assay.envs import get_env
 from assay.envs.qa import QAConfig, run_gate
-from assay.envs.qa.gate import GATE_VERSION, cpu_contention, flake_runs
+from assay.envs.qa.gate import ALPHA, GATE_VERSION, binomial_tail, cpu_contention, flake_runs
 from assay.envs.qa.store import VersionNotBumped, check_version, diff, latest, previous_version, save
+from assay.envs.qa.strategies import RANDOM_ANSWER_TOLERANCE
 from assay.envs.registry import env_hash, env_parts, env_spec
 from assay.sandbox import isolation_problem
 
@@ -59,6 +61,17 @@ def test_a_verifier_that_accepts_anything_fails_the_null_gate():
     report = run_gate(AcceptsAnything(), SMALL)
     assert "null" in failed_gates(report)
     assert any("empty answer" in f.reason and f.seed >= 0 for f in report.failures)
+
+
+def test_a_verifier_that_accepts_half_of_all_answers_fails_on_other_tasks_answers():
+    report = run_gate(AcceptsAnyNumberOfTheRightParity(), SMALL)
+    assert any(f.gate == "null" and "another task's answer passed" in f.reason for f in report.failures)
+    assert not any("empty answer" in f.reason for f in report.failures)  # only other tasks' answers pass
+
+
+def test_one_coincidence_among_few_tasks_is_chance_not_a_failure():
+    assert binomial_tail(1, 3, RANDOM_ANSWER_TOLERANCE) > ALPHA  # 1 of 3: a third, but chance allows it
+    assert binomial_tail(12, 24, RANDOM_ANSWER_TOLERANCE) < ALPHA
 
 
 def test_a_prompt_that_leaks_the_answer_fails_the_leak_gate():

@@ -54,7 +54,10 @@ GATES = ("reference", "null", "cheaters", "determinism", "no leak", "calibration
 # Bump whenever a gate changes: a record from an older gate is not a pass until re-checked.
 # 2: secrets searched in the reference's sandbox and in cheaters' observations; the bare answer value
 #    in the prompt; positional copy cheaters; flake runs sized by rate and power, idle and under load.
-GATE_VERSION = 2
+# 3: another task's answer is a binomial test against its chance tolerance, as the cheaters are (a share
+#    threshold failed a correct verifier on one coincidence in three tasks); answer-kind environments
+#    try every other task's answer of the level, which costs no sandbox, for the power that test needs.
+GATE_VERSION = 3
 # Significance of the chance tests (a cheater's pass rate against its tolerance, the bare answer value
 # against another task's): a built-in environment runs about ten of them per check, so a correct
 # environment fails one by chance about once in a hundred checks.
@@ -163,7 +166,7 @@ class _Runs:
 
 @dataclass
 class CheatTally:
-    """One cheater's record over the tasks it was tried on."""
+    """A chance test's record (a cheater's, or other tasks' answers'): passes over the tasks it was tried on."""
 
     passed: int = 0
     tried: int = 0
@@ -199,30 +202,36 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
     gate_random = report.kind != "terminal"
     cheat_counts = {c.name: CheatTally() for c in cheaters}
     noisy: dict[int, list[float]] = {}  # per task: the noisy reference's pass rate
+    random_answers: dict[int, CheatTally] = {}  # per level: another task's answer, passed of tried
     idle = _Runs()
     any_secret = False
     for level, level_tasks in tasks.items():
         stats = dict.fromkeys(["reference", "flaky", "noisy", "random well-formed", *(p.name for p in NULL_POLICIES)],
                               0.0)
         noisy[level] = []
-        # An answer-kind cheater costs no sandbox: it is tried on every task, for a sharper chance test.
+        random_answers[level] = CheatTally()
+        # An answer-kind cheater costs no sandbox: it is tried on every task, and every other task's
+        # answer on each task, for a sharper chance test.
         cheat_tasks = len(level_tasks) if report.kind == "answer" else cfg.cheat_tasks_per_level
         for i, task in enumerate(level_tasks):
             fail = _failer(report, level, task)
             hidden = secrets(env, task)
             any_secret = any_secret or bool(hidden)
             others = [t for t in level_tasks[i + 1:] + level_tasks[:i] if t.task_id != task.task_id]
-            noisy[level].append(_check_task(env, task, others[0] if others else None, cfg, noise, stats, fail,
-                                            hidden, isolated, idle))
+            others = others if report.kind == "answer" else others[:1]
+            noisy[level].append(_check_task(env, task, others if gate_random else [], cfg, noise, stats, fail,
+                                            hidden, isolated, idle, random_answers[level]))
             if i < cheat_tasks:
                 _try_cheaters(env, task, cheaters, cheat_counts, cfg, fail, hidden)
         report.levels[level] = {k: v / len(level_tasks) for k, v in stats.items()}
+        tally = random_answers[level]
+        report.levels[level]["random well-formed"] = tally.passed / tally.tried if tally.tried else 0.0
     if not any_secret:
         report.warnings.append("no task has a secret to look for: the leak checks check nothing")
     if report.kind == "answer":
         _bare_answer(report, env, tasks)
     _flakiness(report, env, tasks, cfg, idle)
-    _chance_checks(report, tasks, cheaters, cheat_counts, gate_random)
+    _chance_checks(report, tasks, cheaters, cheat_counts, random_answers)
     per_task = policy_rates(tasks) if policy_rates else noisy
     for level, rates in per_task.items():
         report.levels[level]["calibration pass rate"] = sum(rates) / max(len(rates), 1)
@@ -230,11 +239,11 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
     return report
 
 
-def _check_task(env: Environment, task: Task, other: Task | None, cfg: QAConfig, noise: float,
+def _check_task(env: Environment, task: Task, others: list[Task], cfg: QAConfig, noise: float,
                 stats: dict[str, float], fail: Callable[[str, str], None], hidden: list[str], isolated: bool,
-                idle: _Runs) -> float:
-    """Reference, leaks, null policies, determinism and the noisy reference on one task; adds to
-    the level's `stats` and returns the noisy reference's pass rate on it."""
+                idle: _Runs, random_answers: CheatTally) -> float:
+    """Reference, leaks, null policies, determinism, `others`' answers and the noisy reference on one
+    task; adds to the level's `stats` and `random_answers` and returns the noisy reference's pass rate."""
     first = _searched_reference(env, task, cfg, fail, hidden) if isolated else \
         play(env, task, reference_policy(env, task), cfg.max_turns)
     ref = [first, *(play(env, task, reference_policy(env, task), cfg.max_turns) for _ in range(cfg.repeats - 1))]
@@ -255,11 +264,13 @@ def _check_task(env: Environment, task: Task, other: Task | None, cfg: QAConfig,
         stats[null.name] += got.reward.passed
         if got.reward.status == OK and (got.reward.passed or got.reward.score > 0):
             fail("null", f"the {null.about} policy scored {got.reward.score}")
-    if other is not None:  # a random well-formed answer: a different task's reference
+    for k, other in enumerate(others):  # random well-formed answers: other tasks' references
         probe = other_reference(env, other)
         got = play(env, task, probe, cfg.max_turns)
-        stats["random well-formed"] += got.reward.passed
-        _replay_same(env, task, probe, got, cfg, fail)
+        random_answers.passed += got.reward.passed
+        random_answers.tried += 1
+        if k == 0:
+            _replay_same(env, task, probe, got, cfg, fail)
     wins = 0.0
     for k in range(cfg.noisy_samples):
         probe = noisy_reference(env, task, noise, random.Random(f"{task.seed}/{k}"))
@@ -487,15 +498,15 @@ def _why(p: Played) -> str:
 
 
 def _chance_checks(report: GateReport, tasks: dict[int, list[Task]], cheaters: list[Scripted],
-                   counts: dict[str, CheatTally], gate_random: bool) -> None:
+                   counts: dict[str, CheatTally], random_answers: dict[int, CheatTally]) -> None:
     first = min(tasks)
     seed = tasks[first][0].seed
-    for level, stats in report.levels.items():
-        if gate_random and stats["random well-formed"] > RANDOM_ANSWER_TOLERANCE:
-            report.failures.append(Failure("null", level, tasks[level][0].seed,
-                                           f"another task's answer passes {stats['random well-formed']:.0%} of tasks "
-                                           f"(chance allows {RANDOM_ANSWER_TOLERANCE:.0%}): the verifier accepts "
-                                           "answers that do not fit the task"))
+    for level, tally in random_answers.items():
+        if tally.tried and binomial_tail(tally.passed, tally.tried, RANDOM_ANSWER_TOLERANCE) < ALPHA:
+            report.failures.append(Failure("null", level, tasks[level][0].seed, (
+                f"another task's answer passed {tally.passed} of {tally.tried} tries (chance allows "
+                f"{RANDOM_ANSWER_TOLERANCE:.0%}, p = {binomial_tail(tally.passed, tally.tried, RANDOM_ANSWER_TOLERANCE):.1g}):"
+                " the verifier accepts answers that do not fit the task")))
     for c in cheaters:
         passed, tried, infra = counts[c.name].passed, counts[c.name].tried, counts[c.name].infra
         p = binomial_tail(passed, tried, c.tolerance) if tried else 1.0
