@@ -1,8 +1,10 @@
+import json
+
 import pandas as pd
 import pytest
 
 from assay.core.errors import AssayError
-from assay.core.storage import TrajectoryWriter, prepare_run_dir, read_metrics, read_trajectories
+from assay.core.storage import TrajectoryWriter, prepare_run_dir, read_metrics, read_trajectories, trajectory_shards
 from assay.core.types import Message, Task, ToolCall, ToolSpec, Trajectory
 
 
@@ -30,10 +32,25 @@ def test_trajectories_round_trip_and_read_by_pandas(tmp_path):
     assert list(df.iloc[0]["loss_mask"]) == [0, 1, 0, 1]
 
 
-def test_resumed_writer_never_overwrites(tmp_path):
-    TrajectoryWriter(tmp_path).write([make_traj(0)], step=1)
-    TrajectoryWriter(tmp_path).write([make_traj(1)], step=1)  # a resume re-running step 1
-    assert len(list(read_trajectories(tmp_path))) == 2
+def test_resumed_writer_never_overwrites_and_readers_keep_the_surviving_history(tmp_path):
+    first = TrajectoryWriter(tmp_path)
+    for step in (1, 2, 3, 4):
+        first.write([make_traj(step)], step=step)
+    # crashed after step 4 with its last checkpoint at step 2: the resume re-runs steps 3 and 4
+    resumed = TrajectoryWriter(tmp_path, start_step=2)
+    resumed.write([make_traj(13)], step=3)
+    assert len(trajectory_shards(tmp_path, superseded=True)) == 5  # nothing on disk is overwritten or lost
+    assert [t.task.task_id for t in read_trajectories(tmp_path)] == ["t1", "t2", "t13"]  # step 4 of attempt 0 too
+    TrajectoryWriter(tmp_path, start_step=3).write([make_traj(14)], step=4)
+    assert [t.task.task_id for t in read_trajectories(tmp_path)] == ["t1", "t2", "t13", "t14"]
+
+
+def test_metrics_after_a_resume_supersede_the_steps_run_again(tmp_path):
+    lines = [{"step": s, "kind": "train", "v": s} for s in (1, 2, 3)] + [{"step": 3, "kind": "eval"}]
+    lines += [{"step": 1, "kind": "resume", "resumed_from": 1}, {"step": 2, "kind": "train", "v": 20}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    kept = read_metrics(tmp_path)
+    assert [(r["kind"], r["step"], r.get("v")) for r in kept] == [("train", 1, 1), ("resume", 1, None), ("train", 2, 20)]
 
 
 def test_torn_writes_leave_earlier_data_readable(tmp_path):

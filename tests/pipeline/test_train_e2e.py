@@ -1,14 +1,18 @@
 """End to end through the CLI: the run directory's contents, exact resume, and bad input."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from assay.core.storage import read_metrics, trajectory_shards
 
 
 def assay(*args: str) -> subprocess.CompletedProcess:
@@ -61,6 +65,38 @@ def test_resume_is_exact(tiny_config, tmp_path):
     assert {2, 3, 5, 6} & set(trained), "the policy must really change on both sides of the resume"
     # the trajectories of both attempts are all kept
     assert set(pd.read_parquet(tmp_path / "runs" / "half" / "trajectories")["step"]) == set(range(1, 7))
+
+
+def test_a_run_killed_between_checkpoints_resumes_with_nothing_lost_or_trained_twice(tiny_config, tmp_path):
+    straight = assay("train", tiny_config(name="straight"), "--quiet")
+    assert straight.returncode == 0, straight.stderr
+    run = tmp_path / "runs" / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "assay.cli", "train", tiny_config(name="killed"), "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not any(r["kind"] == "train" and r["step"] == 4 for r in _records(run)):  # past the step-3 checkpoint
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "checkpoints" / "step_6").exists(), "killed too late: the run had finished"
+    resumed = assay("train", "--resume", str(run), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = (load_file(tmp_path / "runs" / n / "checkpoints" / "step_6" / "model.safetensors") for n in ("straight", "killed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the steps run again were trained once, as in the straight run
+    steps = [r["step"] for r in read_metrics(run) if r["kind"] == "train"]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    on_disk = pd.concat(pd.read_parquet(s) for s in trajectory_shards(run / "trajectories", superseded=True))
+    live = pd.concat(pd.read_parquet(s) for s in trajectory_shards(run / "trajectories"))
+    assert sorted(set(live["step"])) == [1, 2, 3, 4, 5, 6] and len(on_disk) > len(live)  # step 4 was written twice
+    reference = pd.read_parquet(tmp_path / "runs" / "straight" / "trajectories")
+    key = ["step", "group_id", "reward"]
+    assert sorted(map(tuple, live[key].values)) == sorted(map(tuple, reference[key].values))  # each group once
+
+
+def _records(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")] if path.is_file() else []
 
 
 def test_bad_input_is_one_line_and_nonzero(tiny_config, tmp_path):

@@ -6,6 +6,7 @@ leaves everything already recorded readable."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, fields, is_dataclass
@@ -80,13 +81,14 @@ def trajectory_from_row(r: dict[str, Any]) -> Trajectory:
 class TrajectoryWriter:
     """Append-only shards: one Parquet file per write, complete or absent."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, start_step: int = 0) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        # A resumed run writes beside the earlier attempt's shards, never over them. The marker is
-        # a dot-file so that readers of the directory as one dataset (pandas, DuckDB) skip it.
+        # A resumed run writes beside the earlier attempt's shards, never over them. The marker is a
+        # dot-file (so readers of the directory as one dataset, pandas or DuckDB, skip it) holding the
+        # step this attempt resumed from: the earlier attempts' shards after it are superseded.
         self.attempt = sum(1 for _ in directory.glob(".attempt_*"))
-        (directory / f".attempt_{self.attempt}").touch()
+        atomic_write(directory / f".attempt_{self.attempt}", str(start_step))
 
     def write(self, trajectories: Sequence[Trajectory], step: int) -> Path | None:
         if not trajectories:
@@ -98,8 +100,35 @@ class TrajectoryWriter:
         return path
 
 
+_SHARD = re.compile(r"step_(\d+)_a(\d+)\.parquet")
+
+
+def trajectory_shards(directory: Path, superseded: bool = False) -> list[Path]:
+    """A run's trajectory shards in step order. A resumed attempt re-runs the steps after the checkpoint
+    it resumed from, whose earlier samples trained weights that were lost with the crash: those shards
+    stay on disk but are left out unless `superseded` (e.g. for a contamination check, which counts
+    everything a run ever sampled). Shards of unknown name are kept."""
+    shards = sorted(directory.glob("*.parquet"))
+    if superseded:
+        return shards
+    starts: dict[int, int] = {}
+    for marker in directory.glob(".attempt_*"):
+        text = marker.read_text().strip()
+        if text.isdigit():  # an empty marker (older runs) supersedes nothing
+            starts[int(marker.name.removeprefix(".attempt_"))] = int(text)
+
+    def live(shard: Path) -> bool:
+        m = _SHARD.fullmatch(shard.name)
+        if m is None:
+            return True
+        step, attempt = int(m[1]), int(m[2])
+        return all(step <= start for later, start in starts.items() if later > attempt)
+
+    return [s for s in shards if live(s)]
+
+
 def read_trajectories(directory: Path) -> Iterator[Trajectory]:
-    for shard in sorted(directory.glob("*.parquet")):
+    for shard in trajectory_shards(directory):
         for row in pq.read_table(shard).to_pylist():
             yield trajectory_from_row(row)
 
@@ -127,15 +156,21 @@ class MetricsLogger:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's metrics records in order, as its surviving history: a `resume` record at step k (what
+    a resumed run logs first) supersedes every earlier record of a step after k, since those steps
+    were run again."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise AssayError(f"{path} not found; is {run_dir} a run directory (runs/NAME)?")
-    records = []
+    records: list[dict[str, Any]] = []
     for line in path.read_text().splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:  # a line torn by a crash: everything before it stands
             continue
+        if record.get("kind") == "resume":
+            records = [r for r in records if r.get("step", 0) <= record["step"]]
+        records.append(record)
     return records
 
 

@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from assay.core.storage import read_metrics
+from assay.core.storage import read_metrics, trajectory_shards
 from assay.eval.page import figure_img, pyplot, trajectory_list, write_page
 
 PANELS = [("pass_rate", "pass rate"), ("reward_mean", "mean reward"), ("difficulty", "curriculum difficulty"),
@@ -76,5 +76,5 @@ def write_report(run_dir: Path) -> Path:
                  if k.startswith("term_")]  # shaped rewards (domains[].rewards), one panel per term
     sections.append("<h2>Optimisation</h2>")
     sections += [_img(per_key[k], title, colors) for k, title in GLOBAL if per_key.get(k)]
-    sections.append(trajectory_list(sorted((run_dir / "trajectories").glob("*.parquet")), "Training trajectories"))
+    sections.append(trajectory_list(trajectory_shards(run_dir / "trajectories"), "Training trajectories"))
     return write_page(run_dir / "report.html", f"Assay run {run_dir.name}", sections)

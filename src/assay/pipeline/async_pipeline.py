@@ -22,7 +22,7 @@ from typing import Any
 from torch import Tensor
 
 from assay.core.config import Config, build_config, load_config
-from assay.core.storage import MetricsLogger, TrajectoryWriter, prepare_run_dir
+from assay.core.storage import TrajectoryWriter, prepare_run_dir
 from assay.core.types import Task
 from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
@@ -97,8 +97,8 @@ class AsyncPipeline(SyncPipeline):
 
     def run(self, view: RunView | None = None) -> None:
         cfg, k = self.cfg, self.cfg.pipeline.max_staleness
-        writer = TrajectoryWriter(self.run_dir / "trajectories")
-        metrics = MetricsLogger(self.run_dir)
+        writer = TrajectoryWriter(self.run_dir / "trajectories", self.start_step)
+        metrics = self.open_metrics()
         batches: queue.Queue[Any] = queue.Queue()
         failed = self._failed
         rollout = threading.Thread(target=self._rollout_loop, args=(batches, failed), name="assay-rollout", daemon=True)

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from assay.core.config import load_config
 from assay.core.errors import AssayError
+from assay.core.storage import trajectory_shards
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def training_task_ids(run_dir: Path) -> dict[str, set[str]]:
                          "pass --run runs/NAME of the run that trained the policy")
     ids: dict[str, set[str]] = {}
     for d in run_chain(run_dir):
-        shards = sorted((d / "trajectories").glob("*.parquet"))
+        shards = trajectory_shards(d / "trajectories", superseded=True)  # all a run ever sampled
         if shards:
             ids[f"{d.name} trajectories"] = {t for s in shards for t in pq.read_table(s, columns=["task_id"])["task_id"]
                                              .to_pylist()}

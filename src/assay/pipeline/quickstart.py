@@ -16,7 +16,7 @@ from rich.table import Table
 from assay.core.checkpoint import latest_checkpoint
 from assay.core.config import Config, build_config, load_config
 from assay.core.modeling import load_model
-from assay.core.storage import atomic_write, prepare_run_dir
+from assay.core.storage import atomic_write, prepare_run_dir, read_metrics, trajectory_shards
 from assay.eval.evaluate import DomainEval, evaluate, paired
 from assay.eval.passk import paired_difference_ci
 from assay.pipeline.async_pipeline import make_pipeline
@@ -80,9 +80,9 @@ def training_dynamics(run_dir: Path) -> dict[str, dict[str, Any]]:
     import pyarrow.parquet as pq
 
     cols = ["step", "domain", "difficulty", "group_id", "reward", "passed", "status"]
-    shards = sorted((run_dir / "trajectories").glob("*.parquet"))
+    shards = trajectory_shards(run_dir / "trajectories")
     rows = [r for shard in shards for r in pq.read_table(shard, columns=cols).to_pylist() if r["status"] == "ok"]
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(run_dir)
     metrics = [m for m in metrics if m.get("kind") == "train"]
     if not rows or not metrics:
         return {}

@@ -107,8 +107,8 @@ class SyncPipeline:
 
     def run(self, view: RunView | None = None) -> None:
         cfg = self.cfg
-        writer = TrajectoryWriter(self.run_dir / "trajectories")
-        metrics = MetricsLogger(self.run_dir)
+        writer = TrajectoryWriter(self.run_dir / "trajectories", self.start_step)
+        metrics = self.open_metrics()
         try:
             for step in range(self.start_step + 1, cfg.train.steps + 1):
                 everything, kept, dropped = self.collect_batch(step)
@@ -124,6 +124,14 @@ class SyncPipeline:
                 self.end_step(step, record, stats, train_metrics, metrics, view)
         finally:
             metrics.close()
+
+    def open_metrics(self) -> MetricsLogger:
+        """The run's metrics log; a resumed run first marks where it resumed, so that readers drop the
+        records of the steps it runs again."""
+        metrics = MetricsLogger(self.run_dir)
+        if self.start_step:
+            metrics.log(self.start_step, {"resumed_from": self.start_step}, kind="resume")
+        return metrics
 
     def end_step(self, step: int, record: dict[str, Any], stats: DomainStats, train_metrics: dict[str, float],
                  metrics: MetricsLogger, view: RunView | None) -> None:
