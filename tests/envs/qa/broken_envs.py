@@ -107,6 +107,7 @@ class ChecksInTheWorkspace(TerminalEnv):
     them, but `cat .expected > answer.txt` scores full reward."""
 
     name = "broken-checks-in-workspace"
+    version = "1"  # pinned: the gate's draws (seeded by name@version) then hold a find task at level 1
 
     def start(self, task, sandbox):
         episode = super().start(task, sandbox)
