@@ -46,17 +46,34 @@ Overrides = Annotated[list[str] | None, typer.Argument(help="key.sub=value overr
 def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = None,
           overrides: Overrides = None,
           resume: Annotated[Path | None, typer.Option(help="resume runs/NAME from its last checkpoint")] = None,
+          supervise: Annotated[int, typer.Option(help="restart a training process that dies, from its last "
+                                                      "checkpoint, at most this many times (0: off)")] = 0,
           quiet: bool = False) -> None:
     """RL-train a policy on the config's domains."""
     from assay.core.config import load_config
     from assay.core.storage import prepare_run_dir
-    from assay.pipeline.async_pipeline import make_pipeline
-    from assay.pipeline.ui import RunView
 
     overrides = list(overrides or [])
     if config is not None and "=" in str(config) and not config.exists():  # an override, not a file
         overrides.insert(0, str(config))
         config = None
+    if supervise < 0:
+        raise AssayError(f"--supervise takes the number of restarts allowed (0: off), got {supervise}")
+    if supervise:
+        from assay.pipeline.supervise import supervise as run_supervised
+        from assay.sandbox import unsafe_allowed
+
+        if resume is None and config is None:
+            raise AssayError("assay train needs a CONFIG file or --resume runs/NAME")
+        cfg = load_config(config or resume / "config.yaml", overrides)  # type: ignore[operator]
+        first = [*([str(config)] if config else []), *overrides, *(["--resume", str(resume)] if resume else []),
+                 *(["--quiet"] if quiet else [])]
+        code = run_supervised(first, resume or Path(cfg.run_dir) / cfg.name, supervise,
+                              ["--unsafe-no-sandbox"] if unsafe_allowed() else [], log=console.print)
+        raise typer.Exit(code)
+    from assay.pipeline.async_pipeline import make_pipeline
+    from assay.pipeline.ui import RunView
+
     if resume is not None:
         cfg = load_config(config or resume / "config.yaml", overrides)
         run_dir = resume

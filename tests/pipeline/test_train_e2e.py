@@ -1,6 +1,7 @@
 """End to end through the CLI: the run directory's contents, exact resume, and bad input."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -92,6 +93,43 @@ def test_a_run_killed_between_checkpoints_resumes_with_nothing_lost_or_trained_t
     reference = pd.read_parquet(tmp_path / "runs" / "straight" / "trajectories")
     key = ["step", "group_id", "reward"]
     assert sorted(map(tuple, live[key].values)) == sorted(map(tuple, reference[key].values))  # each group once
+
+
+def test_a_supervised_run_restarts_its_killed_trainer_and_completes(tiny_config, tmp_path):
+    straight = assay("train", tiny_config(name="straight"), "--quiet")
+    assert straight.returncode == 0, straight.stderr
+    run = tmp_path / "runs" / "supervised"
+    supervisor = subprocess.Popen([sys.executable, "-m", "assay.cli", "train", tiny_config(name="supervised"),
+                                   "--supervise", "2", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+    deadline = time.monotonic() + 300
+    while not any(r["kind"] == "train" and r["step"] == 4 for r in _records(run)):
+        assert supervisor.poll() is None and time.monotonic() < deadline, supervisor.communicate()
+        time.sleep(0.01)
+    trainer, = _children(supervisor.pid)
+    os.kill(trainer, signal.SIGKILL)
+    out, err = supervisor.communicate(timeout=600)
+    assert supervisor.returncode == 0, err
+    assert "died (killed by SIGKILL); restart 1 of 2, from its last checkpoint" in " ".join(out.split())
+    a, b = (load_file(tmp_path / "runs" / n / "checkpoints" / "step_6" / "model.safetensors")
+            for n in ("straight", "supervised"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    records = read_metrics(run)
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert [r["attempt"] for r in records if r["kind"] == "resume"] == [1]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
 
 
 def _records(run: Path) -> list[dict]:

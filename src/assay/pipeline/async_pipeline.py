@@ -98,7 +98,7 @@ class AsyncPipeline(SyncPipeline):
     def run(self, view: RunView | None = None) -> None:
         cfg, k = self.cfg, self.cfg.pipeline.max_staleness
         writer = TrajectoryWriter(self.run_dir / "trajectories", self.start_step)
-        metrics = self.open_metrics()
+        metrics = self.open_metrics(writer.attempt)
         batches: queue.Queue[Any] = queue.Queue()
         failed = self._failed
         rollout = threading.Thread(target=self._rollout_loop, args=(batches, failed), name="assay-rollout", daemon=True)

@@ -108,7 +108,7 @@ class SyncPipeline:
     def run(self, view: RunView | None = None) -> None:
         cfg = self.cfg
         writer = TrajectoryWriter(self.run_dir / "trajectories", self.start_step)
-        metrics = self.open_metrics()
+        metrics = self.open_metrics(writer.attempt)
         try:
             for step in range(self.start_step + 1, cfg.train.steps + 1):
                 everything, kept, dropped = self.collect_batch(step)
@@ -125,12 +125,12 @@ class SyncPipeline:
         finally:
             metrics.close()
 
-    def open_metrics(self) -> MetricsLogger:
-        """The run's metrics log; a resumed run first marks where it resumed, so that readers drop the
-        records of the steps it runs again."""
+    def open_metrics(self, attempt: int) -> MetricsLogger:
+        """The run's metrics log; every attempt after the first (a resume, a restart) first marks the
+        step it starts from, so that readers drop the earlier records of the steps it runs again."""
         metrics = MetricsLogger(self.run_dir)
-        if self.start_step:
-            metrics.log(self.start_step, {"resumed_from": self.start_step}, kind="resume")
+        if attempt:
+            metrics.log(self.start_step, {"attempt": attempt, "resumed_from": self.start_step}, kind="resume")
         return metrics
 
     def end_step(self, step: int, record: dict[str, Any], stats: DomainStats, train_metrics: dict[str, float],

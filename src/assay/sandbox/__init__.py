@@ -28,6 +28,11 @@ def allow_unsafe_sandbox(enabled: bool = True) -> None:
     _state["unsafe"] = enabled
 
 
+def unsafe_allowed() -> bool:
+    """Whether --unsafe-no-sandbox was given (a supervisor passes it on to the runs it restarts)."""
+    return bool(_state["unsafe"])
+
+
 def isolation_problem() -> str | None:
     """Why model-written code cannot be isolated here, or None if it can (probed once per process)."""
     with _lock:
@@ -60,4 +65,5 @@ def open_sandbox(limits: Limits | None = None, template: str | Path | NsSnapshot
 
 
 __all__ = ["ExecResult", "Limits", "NamespaceSandbox", "NsSnapshot", "ProcessSandbox", "Sandbox", "SandboxError",
-           "SandboxPool", "SandboxUnavailable", "allow_unsafe_sandbox", "isolation_problem", "open_sandbox"]
+           "SandboxPool", "SandboxUnavailable", "allow_unsafe_sandbox", "isolation_problem", "open_sandbox",
+           "unsafe_allowed"]
