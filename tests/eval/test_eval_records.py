@@ -57,7 +57,8 @@ def test_eval_writes_a_record_and_compare_pairs_by_task(policy, tmp_path):
     assert b.returncode == 0, b.stderr
     rows = compare(record, read_record(tmp_path / "b"))
     arith = [r for r in rows if r.domain == "arith" and r.metric == "pass@1"][0]
-    assert arith.paired == 0 and arith.only_a == arith.only_b == 6  # another seed draws other tasks: none paired
+    # another seed draws other tasks (a small level may repeat one): only tasks in both records are paired
+    assert arith.paired + arith.only_a == arith.paired + arith.only_b == 6 and arith.paired <= 2
     same = compare(record, record)
     assert {r.domain for r in same} == {"arith", "toolcalc", "overall"}
     assert all(r.paired == len(record["domains"][r.domain]["per_task"]) and r.diff.value == 0

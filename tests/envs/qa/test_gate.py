@@ -242,7 +242,7 @@ def test_calibration_can_measure_a_real_policy(tmp_path):
     tok = train_tokenizer([env.generate(random.Random(i), 1).prompt[-1].content for i in range(50)], 300)
     save_model(build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
                                        max_position=256), tok), tok, tmp_path / "policy")
-    report = run_gate(env, QAConfig(tasks_per_level=2, cheat_tasks_per_level=0, noisy_samples=1, flake_rate=0.5),
+    report = run_gate(env, QAConfig(tasks_per_level=2, cheat_tasks_per_level=0, noisy_samples=4, flake_rate=0.5),
                       _policy_rates(tmp_path / "policy", env))
     # an untrained policy solves nothing, whereas the noisy reference solves most easy tasks
     assert [s["calibration pass rate"] for s in report.levels.values()] == [0.0] * 4
