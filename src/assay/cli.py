@@ -63,13 +63,17 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
         from assay.pipeline.supervise import supervise as run_supervised
         from assay.sandbox import unsafe_allowed
 
-        if resume is None and config is None:
+        if resume is not None:
+            run_dir = resume
+        elif config is None:
             raise AssayError("assay train needs a CONFIG file or --resume runs/NAME")
-        cfg = load_config(config or resume / "config.yaml", overrides)  # type: ignore[operator]
+        else:
+            cfg = load_config(config, overrides)  # bad input is reported here, before any child starts
+            run_dir = Path(cfg.run_dir) / cfg.name
         first = [*([str(config)] if config else []), *overrides, *(["--resume", str(resume)] if resume else []),
                  *(["--quiet"] if quiet else [])]
-        code = run_supervised(first, resume or Path(cfg.run_dir) / cfg.name, supervise,
-                              ["--unsafe-no-sandbox"] if unsafe_allowed() else [], log=console.print)
+        code = run_supervised(first, run_dir, supervise, ["--unsafe-no-sandbox"] if unsafe_allowed() else [],
+                              log=console.print)
         raise typer.Exit(code)
     from assay.pipeline.async_pipeline import make_pipeline
     from assay.pipeline.ui import RunView
