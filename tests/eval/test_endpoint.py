@@ -55,7 +55,7 @@ def _reply(body: dict) -> dict:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if body.get("model") != "scripted":
             data, code = json.dumps({"error": {"message": "no such model"}}).encode(), 404

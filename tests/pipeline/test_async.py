@@ -93,3 +93,115 @@ def test_refills_keep_async_equal_to_sync_at_no_staleness_and_reproducible_with_
     _, a, wa = _run(tiny_config, tmp_path, "ra1", "pipeline.mode=async", "pipeline.max_staleness=1", *refill)
     _, b, wb = _run(tiny_config, tmp_path, "ra1b", "pipeline.mode=async", "pipeline.max_staleness=1", *refill)
     assert [_untimed(r) for r in a] == [_untimed(r) for r in b] and _same(wa, wb)
+
+
+def test_a_worker_process_samples_what_the_rollout_thread_samples(tiny_config, tmp_path):
+    """The worker process runs the same rollout on its own copy of the weights: with no staleness it is
+    the synchronous pipeline exactly, with staleness 1 the threaded async pipeline exactly."""
+    _, sync_log, sync_w = _run(tiny_config, tmp_path, "sync")
+    _, p0_log, p0_w = _run(tiny_config, tmp_path, "p0", "pipeline.mode=async", "pipeline.max_staleness=0",
+                           "pipeline.workers=process")
+    assert _same(sync_w, p0_w)
+    assert [_untimed(r) for r in sync_log] == [{k: v for k, v in _untimed(r).items() if k != "staleness"}
+                                               for r in p0_log]
+    _, t1_log, t1_w = _run(tiny_config, tmp_path, "t1", "pipeline.mode=async", "pipeline.max_staleness=1",
+                           "train.max_refill_rounds=1")
+    _, p1_log, p1_w = _run(tiny_config, tmp_path, "p1", "pipeline.mode=async", "pipeline.max_staleness=1",
+                           "train.max_refill_rounds=1", "pipeline.workers=process", "pipeline.online=true")
+    assert [r["staleness"] for r in p1_log] == [0, 1, 1, 1, 1, 1]
+    assert all(r["rollout/prompt_tokens"] > 0 for r in p1_log)  # the worker's engine counters come back
+    _, t1o_log, t1o_w = _run(tiny_config, tmp_path, "t1o", "pipeline.mode=async", "pipeline.max_staleness=1",
+                             "train.max_refill_rounds=1", "pipeline.online=true")
+    assert _same(p1_w, t1o_w) and [_untimed(r) for r in p1_log] == [_untimed(r) for r in t1o_log]
+    assert not _same(t1_w, sync_w)
+
+
+def _kill_worker_during(pipeline, version):
+    """SIGKILL the worker process while the trainer trains on the weights of `version`."""
+    import os
+    import signal
+
+    real = pipeline.trainer.step
+
+    def step_then_kill(batch, version):
+        out = real(batch, version=version)
+        if version == kill_at:
+            os.kill(pipeline.backend.proc.pid, signal.SIGKILL)
+        return out
+
+    kill_at = version
+    pipeline.trainer.step = step_then_kill
+
+
+def test_a_killed_worker_process_is_replaced_and_its_request_issued_again(tiny_config, tmp_path):
+    """SIGKILL of the worker mid-run: a new one starts from the last weights sent, the request it held
+    runs again, and the run ends as if nothing had happened (each step once, the same weights)."""
+    on = ["pipeline.mode=async", "pipeline.workers=process"]
+    _, log, weights = _run(tiny_config, tmp_path, "calm", *on)
+    cfg = load_config(tiny_config(name="kill"), ["train.max_refill_rounds=0", "train.checkpoint_every=6", *on])
+    pipeline = make_pipeline(cfg, tmp_path / "kill")
+    first = pipeline.backend.proc
+    _kill_worker_during(pipeline, 2)
+    pipeline.run()
+    records = [json.loads(line) for line in (tmp_path / "kill" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6] and first.exitcode == -9
+    assert sum(r.get("rollout/worker_restarts", 0) for r in train) == 1
+    again = load_file(tmp_path / "kill" / "checkpoints" / "step_6" / "model.safetensors")
+    assert _same(weights, again)
+    assert [_untimed(r) for r in log] == [{k: v for k, v in _untimed(r).items() if k != "rollout/worker_restarts"}
+                                          for r in train]
+
+
+def test_a_hung_worker_process_is_killed_and_replaced(tiny_config, tmp_path):
+    import os
+    import signal
+
+    on = ["pipeline.mode=async", "pipeline.workers=process"]
+    _, log, weights = _run(tiny_config, tmp_path, "calm", *on)
+    cfg = load_config(tiny_config(name="hang"), ["train.max_refill_rounds=0", "train.checkpoint_every=6",
+                                                 "pipeline.worker_timeout_s=8", *on])
+    pipeline = make_pipeline(cfg, tmp_path / "hang")
+    real = pipeline.trainer.step
+
+    def step_then_freeze(batch, version):
+        out = real(batch, version=version)
+        if version == 2:
+            os.kill(pipeline.backend.proc.pid, signal.SIGSTOP)  # alive, and making no progress
+        return out
+
+    pipeline.trainer.step = step_then_freeze
+    pipeline.run()
+    train = [json.loads(line) for line in (tmp_path / "hang" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert sum(r.get("rollout/worker_restarts", 0) for r in train) >= 1  # more only if a slow machine also hit it
+    assert _same(weights, load_file(tmp_path / "hang" / "checkpoints" / "step_6" / "model.safetensors"))
+
+
+def test_a_worker_that_keeps_dying_ends_the_run_with_what_it_trained_recorded(tiny_config, tmp_path):
+    import pytest
+
+    from assay.core.errors import AssayError
+
+    cfg = load_config(tiny_config(name="kill"), ["pipeline.mode=async", "pipeline.workers=process",
+                                                 "pipeline.worker_restarts=0", "train.max_refill_rounds=0",
+                                                 "train.checkpoint_every=2"])
+    pipeline = make_pipeline(cfg, tmp_path / "kill")
+    _kill_worker_during(pipeline, 2)
+    with pytest.raises(AssayError, match=r"worker process died \(exit code -9\).*--resume"):
+        pipeline.run()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "kill" / "metrics.jsonl").read_text().splitlines()]
+    assert steps[:3] == [1, 2, 3]
+    resumed = make_pipeline(load_config(tmp_path / "kill" / "config.yaml", []), tmp_path / "kill", resume=True)
+    assert resumed.start_step == (4 if 4 in steps else 2)  # the last checkpoint; the run continues from there
+    resumed.run()
+    assert (tmp_path / "kill" / "checkpoints" / "step_6").is_dir()
+
+
+def test_process_workers_need_the_async_pipeline():
+    import pytest
+
+    from assay.core.config import PipelineConfig
+
+    with pytest.raises(ValueError, match="needs mode: async"):
+        PipelineConfig(workers="process")

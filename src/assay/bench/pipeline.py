@@ -1,5 +1,6 @@
 """`assay bench pipeline`: RL steps per second of the synchronous pipeline beside the asynchronous
-one (and the online agent loop), from the same policy and config, alternating in one process."""
+one (and the online agent loop, and the rollout in a worker process), from the same policy and config,
+alternating in one process."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ VARIANTS = {
     "sync + online episodes": ["pipeline.online=true"],
     "async (staleness 1)": ["pipeline.mode=async", "pipeline.max_staleness=1"],
     "async + online episodes": ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.online=true"],
+    "async + online, rollout process": ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.online=true",
+                                        "pipeline.workers=process"],
 }
 
 

@@ -166,6 +166,18 @@ class PipelineConfig(_Strict):
     mode: Literal["sync", "async"] = "sync"  # async: sampling runs ahead of training on its own thread
     max_staleness: int = Field(1, ge=0)  # async: batches sampled with weights at most this many versions old
     online: bool = False  # engine: episodes advance on their own, every domain in one batch
+    # async: where the rollout runs; a process of its own (generation, tools and verification beside
+    # training, each with the run's thread count) or a thread of the trainer's, sharing its interpreter
+    workers: Literal["thread", "process"] = "thread"
+    worker_restarts: int = Field(3, ge=0)  # process: a worker that dies is replaced this often, its request re-issued
+    worker_timeout_s: float | None = Field(None, gt=0)  # process: a request running longer is a hung worker, replaced
+
+    @model_validator(mode="after")
+    def _process_needs_async(self) -> PipelineConfig:
+        if self.workers == "process" and self.mode != "async":
+            raise ValueError("workers: process runs the rollout beside training, which needs mode: async "
+                             "(max_staleness: 0 keeps the synchronous schedule)")
+        return self
 
 
 class EvalConfig(_Strict):

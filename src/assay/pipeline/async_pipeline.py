@@ -23,9 +23,10 @@ from torch import Tensor
 
 from assay.core.config import Config, build_config, load_config
 from assay.core.storage import TrajectoryWriter, prepare_run_dir
-from assay.core.types import Task
+from assay.core.types import Task, Trajectory
 from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
+from assay.pipeline.worker import RolloutWorker
 from assay.rollout.factory import make_backend
 
 
@@ -43,8 +44,18 @@ class AsyncPipeline(SyncPipeline):
         self._failed = threading.Event()  # set when either thread fails: the other stops waiting
 
     def rollout_backend(self) -> Any:
-        """A copy of the weights of its own: the trainer steps its tensors while the rollout samples."""
+        """A copy of the weights of its own: the trainer steps its tensors while the rollout samples.
+        With `pipeline.workers: process` the copy lives in a worker process, which also runs the tools
+        and verifiers; this thread then only hands it tasks and weights."""
+        if self.cfg.pipeline.workers == "process":
+            p = self.cfg.pipeline
+            return RolloutWorker(self.cfg, self.model, self.tokenizer, self.envs, p.worker_restarts, p.worker_timeout_s)
         return make_backend(self.cfg.rollout, copy.deepcopy(self.model).eval().requires_grad_(False), self.tokenizer)
+
+    def _rollout(self, tasks: list[Task], step: int, attempt: int) -> list[Trajectory]:
+        if isinstance(self.backend, RolloutWorker):
+            return self.backend.rollout(tasks, step, attempt)
+        return super()._rollout(tasks, step, attempt)
 
     def save(self, step: int) -> Path:
         with self._lock:  # the rollout thread draws from the mixer whose state is saved
@@ -103,6 +114,7 @@ class AsyncPipeline(SyncPipeline):
         failed = self._failed
         rollout = threading.Thread(target=self._rollout_loop, args=(batches, failed), name="assay-rollout", daemon=True)
         rollout.start()
+        completed = False
         try:
             for step in range(self.start_step + 1, cfg.train.steps + 1):
                 item = batches.get()
@@ -125,9 +137,12 @@ class AsyncPipeline(SyncPipeline):
                           "sampled": len(everything), "staleness": step - 1 - version, **stats.metrics(),
                           **rollout_stats}
                 self.end_step(step, record, stats, train_metrics, metrics, view)
+            completed = True
         finally:
             failed.set()  # a failed trainer stops the rollout thread at its next wait
             metrics.close()
+            if isinstance(self.backend, RolloutWorker):  # after a failure, mid-rollout work is not waited for
+                self.backend.close(wait_s=30 if completed else 0)
         rollout.join(timeout=60)
 
 

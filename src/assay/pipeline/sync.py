@@ -8,27 +8,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from assay.agent.groups import collect
 from assay.core.checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from assay.core.config import Config, dump_config
 from assay.core.modeling import apply_threads, load_model, save_model
 from assay.core.storage import MetricsLogger, TrajectoryWriter, atomic_write
 from assay.core.types import Task, Trajectory
 from assay.envs.registry import env_spec
-from assay.envs.rewards import check_rewards, shape_rewards
+from assay.envs.rewards import check_rewards
 from assay.eval.evaluate import evaluate
 from assay.mixer.mixer import DomainMixer
 from assay.mixer.stats import DomainStats
 from assay.pipeline.monitor import LoopholeWatch, log_training
 from assay.pipeline.policy import build_policy, domain_envs
 from assay.pipeline.ui import RunView
+from assay.pipeline.worker import rollout_tasks
 from assay.rollout.factory import make_backend
 from assay.train.advantages import filter_zero_variance
 from assay.train.trainer import GRPOTrainer
-
-
-def _sampling_seed(cfg: Config, step: int, attempt: int) -> int:
-    return (cfg.seed * 1_000_003 + step * 101 + attempt) % 2**31
 
 
 class SyncPipeline:
@@ -72,13 +68,7 @@ class SyncPipeline:
         return ref.eval()
 
     def _rollout(self, tasks: list[Task], step: int, attempt: int) -> list[Trajectory]:
-        r = self.cfg.rollout
-        trajs = collect(self.backend, self.tokenizer, self.envs, self.domains, tasks, samples=None,
-                        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, policy_version=step - 1,
-                        seed=_sampling_seed(self.cfg, step, attempt), group_prefix=f"s{step}a{attempt}/",
-                        online=self.cfg.pipeline.online)
-        shape_rewards(trajs, self.domains)
-        return trajs
+        return rollout_tasks(self.cfg, self.backend, self.tokenizer, self.envs, tasks, step, attempt)
 
     def collect_batch(self, step: int, tasks: list[Task] | None = None
                       ) -> tuple[list[Trajectory], list[Trajectory], int]:

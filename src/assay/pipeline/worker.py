@@ -1,0 +1,176 @@
+"""The rollout worker as a process of its own: generation, tool calls and verification run beside the
+trainer instead of sharing its interpreter, so on two cores both really run at once.
+
+The worker holds its own copy of the policy, the run's environments and a rollout backend. The
+trainer's process talks to it through two queues: weights under a version number (tensors travel
+through shared memory), and rollout requests answered with scored trajectories. The worker samples
+exactly what the in-process rollout would (same tasks, seeds and thread count), so the pipeline's
+schedule, not the placement, decides the run. A worker that dies is reported at the next request
+with its exit code; the run then stops and resumes from its last checkpoint (`assay train --resume`,
+or `--supervise` does it)."""
+
+from __future__ import annotations
+
+import copy
+import queue
+import time
+import traceback
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from assay.core.config import Config
+from assay.core.errors import AssayError
+from assay.core.types import Task, Trajectory
+from assay.envs.base import Environment
+
+POLL_S = 0.5  # how often a waiting trainer checks that the worker is still alive
+
+
+def rollout_tasks(cfg: Config, backend: Any, tokenizer: Any, envs: dict[str, Environment], tasks: Sequence[Task],
+                  step: int, attempt: int) -> list[Trajectory]:
+    """One rollout of a step's tasks (attempt 0, or a refill): the GRPO groups, verified and shaped.
+    The pipeline and the worker process both call this, so where it runs cannot change what it samples."""
+    from assay.agent.groups import collect
+    from assay.envs.rewards import shape_rewards
+
+    r, domains = cfg.rollout, {d.name: d for d in cfg.domains}
+    trajs = collect(backend, tokenizer, envs, domains, tasks, samples=None, temperature=r.temperature, top_p=r.top_p,
+                    top_k=r.top_k, policy_version=step - 1, seed=sampling_seed(cfg, step, attempt),
+                    group_prefix=f"s{step}a{attempt}/", online=cfg.pipeline.online)
+    shape_rewards(trajs, domains)
+    return trajs
+
+
+def sampling_seed(cfg: Config, step: int, attempt: int) -> int:
+    return (cfg.seed * 1_000_003 + step * 101 + attempt) % 2**31
+
+
+def _serve(requests: Any, results: Any, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment]) -> None:
+    """The worker process: answer requests until None arrives. An exception is sent back, not raised,
+    so the trainer's process names it."""
+    from assay.core.modeling import set_threads
+    from assay.rollout.factory import make_backend
+
+    try:
+        set_threads(cfg.threads)
+        backend = make_backend(cfg.rollout, model, tokenizer)
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+        return
+    while (msg := requests.get()) is not None:
+        kind, *args = msg
+        try:
+            if kind == "weights":
+                named, version = args
+                backend.update_weights(named, version=version)
+            else:
+                tasks, step, attempt = args
+                trajs = rollout_tasks(cfg, backend, tokenizer, envs, tasks, step, attempt)
+                take = getattr(backend, "take_stats", None)
+                results.put(("ok", trajs, take() if callable(take) else {}))
+        except BaseException:
+            results.put(("error", traceback.format_exc()))
+
+
+class RolloutWorker:
+    """The trainer's handle on a worker process: `update_weights` and `take_stats` as a backend has
+    them, and `rollout` for a step's tasks. Requests are answered in order.
+
+    A worker that dies (killed, out of memory) or takes longer than `timeout_s` over one request is
+    replaced, up to `restarts` times: the new process starts from the last weights sent, and the
+    request it held is issued again. A rollout is a function of its tasks, seeds and weights, so
+    nothing is lost or sampled twice; the replaced worker's counts are `worker_restarts`."""
+
+    def __init__(self, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment], restarts: int = 0,
+                 timeout_s: float | None = None) -> None:
+        self.ctx = mp.get_context("spawn")  # fork would copy the trainer's thread pools mid-use
+        self.cfg, self.model, self.tokenizer, self.envs = cfg, model, tokenizer, envs
+        self.restarts, self.timeout_s = restarts, timeout_s
+        # the weights a replacement must start from: the first version's, then the last ones sent
+        self.weights: list[tuple[str, Tensor]] = _copies(model.state_dict().items())
+        self.version: int | None = None
+        self.totals: Counter[str] = Counter()
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self.requests, self.results = self.ctx.Queue(), self.ctx.Queue()
+        # a copy: sending a tensor moves its storage to shared memory, and the trainer's must stay its own
+        own = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.proc = self.ctx.Process(target=_serve, name="assay-rollout-worker", daemon=True,
+                                     args=(self.requests, self.results, self.cfg, own, self.tokenizer, self.envs))
+        try:
+            self.proc.start()
+        except Exception as e:  # pickling: an environment or tokenizer defined where a new process cannot import it
+            raise AssayError(f"the rollout worker process could not start ({type(e).__name__}: {e}); define the "
+                             "environments in an importable module, or set pipeline.workers: thread") from e
+        # the copy was taken from the trainer's weights as they are now: set the version the rollout is at
+        self.requests.put(("weights", self.weights, self.version or 0))
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """Queue a weight update; the worker applies it before the next rollout request."""
+        named = _copies(named_tensors)
+        if named:  # none: the weights it has, under a new version
+            self.weights = named
+        self.version = version
+        self.requests.put(("weights", named, version))
+
+    def rollout(self, tasks: Sequence[Task], step: int, attempt: int) -> list[Trajectory]:
+        request = ("rollout", list(tasks), step, attempt)
+        self.requests.put(request)
+        _, trajs, stats = self._answer(request)
+        stats.pop("prefix_hit_rate", None)  # a rate, recomputed from the summed counts
+        self.totals.update(stats)
+        return trajs
+
+    def take_stats(self) -> dict[str, float]:
+        """The worker's engine counters summed since the last call, with the prefix hit rate over them."""
+        t, self.totals = dict(self.totals), Counter()
+        if t.keys() - {"worker_restarts"}:  # a backend without counters (hf) reports none
+            t["prefix_hit_rate"] = t.get("cached_prompt_tokens", 0.0) / max(t.get("prompt_tokens", 0.0), 1.0)
+        return t
+
+    def _answer(self, request: tuple[Any, ...]) -> tuple[Any, ...]:
+        asked = time.monotonic()
+        while True:
+            try:
+                msg = self.results.get(timeout=POLL_S)
+            except queue.Empty:
+                if self.timeout_s and self.proc.is_alive() and time.monotonic() - asked > self.timeout_s:
+                    self.proc.kill()  # hung: replaced below like a dead one
+                    self.proc.join()
+                if self.proc.is_alive():
+                    continue
+                self._replace()
+                self.requests.put(request)
+                asked = time.monotonic()
+                continue
+            if msg[0] == "error":
+                raise AssayError(f"the rollout worker failed:\n{msg[1]}")
+            return msg
+
+    def _replace(self) -> None:
+        code = self.proc.exitcode
+        if self.restarts <= 0:
+            raise AssayError(f"the rollout worker process died (exit code {code}) and pipeline.worker_restarts "
+                             "allows no more replacements; `assay train --resume runs/NAME` continues from the "
+                             "last checkpoint (`--supervise N` does it by itself)")
+        self.restarts -= 1
+        self.totals["worker_restarts"] += 1
+        self._spawn()
+
+    def close(self, wait_s: float = 30) -> None:
+        """Stop the worker: it ends after the request it is on (killed if that takes over `wait_s`)."""
+        if self.proc.is_alive():
+            self.requests.put(None)
+            self.proc.join(timeout=wait_s)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
+def _copies(named_tensors: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+    return [(n, t.detach().clone()) for n, t in named_tensors]
