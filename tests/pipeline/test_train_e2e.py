@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -68,11 +69,16 @@ def test_resume_is_exact(tiny_config, tmp_path):
     assert set(pd.read_parquet(tmp_path / "runs" / "half" / "trajectories")["step"]) == set(range(1, 7))
 
 
-def test_a_run_killed_between_checkpoints_resumes_with_nothing_lost_or_trained_twice(tiny_config, tmp_path):
-    straight = assay("train", tiny_config(name="straight"), "--quiet")
+ASYNC_PROCESS = ("pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.workers=process")
+
+
+@pytest.mark.parametrize("mode", [(), ASYNC_PROCESS], ids=["sync", "async-process"])
+def test_a_run_killed_between_checkpoints_resumes_with_nothing_lost_or_trained_twice(tiny_config, tmp_path, mode):
+    """In async mode the checkpoint holds the batch sampled ahead of it, so the resume is exact there too."""
+    straight = assay("train", tiny_config(name="straight"), *mode, "--quiet")
     assert straight.returncode == 0, straight.stderr
     run = tmp_path / "runs" / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "assay.cli", "train", tiny_config(name="killed"), "--quiet"],
+    proc = subprocess.Popen([sys.executable, "-m", "assay.cli", "train", tiny_config(name="killed"), *mode, "--quiet"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not any(r["kind"] == "train" and r["step"] == 4 for r in _records(run)):  # past the step-3 checkpoint

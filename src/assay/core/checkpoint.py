@@ -1,5 +1,5 @@
 """Checkpoints: `checkpoints/step_N/` holds the policy in Hugging Face layout (safetensors +
-tokenizer), `trainer.pt` (optimizer, step, torch RNG) and `state.json` (mixer, curriculum, Python
+tokenizer), `trainer.pt` (optimizer, step, torch RNG, batches sampled ahead) and `state.json` (mixer, curriculum, Python
 RNG). A checkpoint is written into a temp directory and swapped into place, so it is whole or absent."""
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(ckpt_root: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
-                    state: dict[str, Any], keep: int = 2) -> Path:
+                    state: dict[str, Any], keep: int = 2, buffer: Any = None) -> Path:
+    """`buffer`: what was sampled ahead of this step and not yet trained (the asynchronous pipeline's)."""
     final = ckpt_root / f"step_{step}"
     with atomic_dir(final) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        torch.save({"trainer": trainer_state, "rng": rng_state()}, tmp / "trainer.pt")
+        torch.save({"trainer": trainer_state, "rng": rng_state(), "buffer": buffer}, tmp / "trainer.pt")
         (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
     for old in sorted(list_checkpoints(ckpt_root))[:-keep]:
         shutil.rmtree(ckpt_root / f"step_{old}", ignore_errors=True)

@@ -7,13 +7,13 @@ drawn after the mixer has seen step s - 1 - k and before it sees step s - k. Wit
 synchronous pipeline exactly; with k >= 1 the rollout of step s + k overlaps the training of step s.
 Dynamic sampling refills dropped groups as the synchronous pipeline does; a refill for step s is
 drawn after the mixer has seen step s - k (with k >= 1 it waits for that update) and before it sees
-step s - k + 1, so refills keep the run a function of its seed. A resume restarts the rollout from
-the checkpoint, re-sampling what was in flight, so in async mode it is not bit-exact."""
+step s - k + 1, so refills keep the run a function of its seed. A checkpoint after step s waits for
+the batches of steps s+1 .. s+k and holds them (the rollout may not draw step s+k+1 before it is
+written), so a resumed run trains exactly those and continues as the run would have."""
 
 from __future__ import annotations
 
 import copy
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,14 +34,22 @@ class _Stopped(Exception):
     """The trainer failed while the rollout thread waited: it ends quietly (the trainer raises)."""
 
 
+Batch = tuple[int, list[Trajectory], list[Trajectory], int, dict[str, float]]  # version, all, kept, dropped, stats
+
+
 class AsyncPipeline(SyncPipeline):
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False) -> None:
         super().__init__(cfg, run_dir, resume)
         self._weights: dict[int, list[tuple[str, Tensor]]] = {}
-        self._lock = threading.Condition()  # guards the mixer and the two step counters
-        self._trained = self._sampled = self.start_step
+        self._lock = threading.Condition()  # guards the mixer, the step counters and the ready batches
+        # steps whose batch the trainer has trained / the mixer has seen / whose tasks are drawn
+        self._trained = self._seen = self._sampled = self.start_step
+        # sampled batches not yet trained, by step; a checkpoint holds those sampled ahead of it
+        self._ready: dict[int, Batch] = dict(self.resumed.get("buffer") or {}) if self.resumed else {}
+        self._sampled = max(self._ready, default=self._sampled)
         self._eval_backend: Any = None
         self._failed = threading.Event()  # set when either thread fails: the other stops waiting
+        self._error: BaseException | None = None  # the rollout thread's, raised by the trainer
 
     def rollout_backend(self) -> Any:
         """A copy of the weights of its own: the trainer steps its tensors while the rollout samples.
@@ -58,8 +66,16 @@ class AsyncPipeline(SyncPipeline):
         return super()._rollout(tasks, step, attempt)
 
     def save(self, step: int) -> Path:
-        with self._lock:  # the rollout thread draws from the mixer whose state is saved
-            return super().save(step)
+        """The checkpoint also holds the batches sampled ahead of `step` (steps step+1 .. step+k), so a
+        resume trains exactly what this run would have. Called after the mixer has seen `step` and
+        before the rollout may draw step+k+1, so the mixer's state is the one those batches left."""
+        ahead = range(step + 1, min(step + self.cfg.pipeline.max_staleness, self.cfg.train.steps) + 1)
+        self._wait(lambda: all(s in self._ready for s in ahead), self._failed)
+        if self._failed.is_set():
+            raise _Stopped
+        with self._lock:
+            buffer = {s: self._ready[s] for s in ahead}
+            return self._save(step, buffer)
 
     def eval_backend(self) -> Any:
         """Evaluations run on the trainer's weights with a backend of their own (the rollout thread's is busy)."""
@@ -76,16 +92,16 @@ class AsyncPipeline(SyncPipeline):
     def refill_tasks(self, n: int, step: int) -> list[Task]:
         k = self.cfg.pipeline.max_staleness
         if k:  # after the mixer has seen step - k: the trainer updates it only once this step is drawn
-            self._wait(lambda: self._trained >= step - k, self._failed)
+            self._wait(lambda: self._seen >= step - k, self._failed)
         if self._failed.is_set():
             raise _Stopped
         with self._lock:
             return self.mixer.sample(n)
 
-    def _rollout_loop(self, batches: queue.Queue[Any], failed: threading.Event) -> None:
-        cfg, k = self.cfg, self.cfg.pipeline.max_staleness
+    def _rollout_loop(self) -> None:
+        cfg, k, failed = self.cfg, self.cfg.pipeline.max_staleness, self._failed
         try:
-            for step in range(self.start_step + 1, cfg.train.steps + 1):
+            for step in range(self._sampled + 1, cfg.train.steps + 1):
                 version = max(self.start_step, step - 1 - k)
                 self._wait(lambda v=version: self._trained >= v, failed)
                 if failed.is_set():
@@ -100,46 +116,56 @@ class AsyncPipeline(SyncPipeline):
                 everything, kept, dropped = self.collect_batch(step, tasks)
                 take = getattr(self.backend, "take_stats", None)
                 stats = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
-                batches.put((step, version, everything, kept, dropped, stats))
+                with self._lock:
+                    self._ready[step] = (version, everything, kept, dropped, stats)
+                    self._lock.notify_all()
         except _Stopped:
             return
         except BaseException as e:  # handed to the trainer thread, which raises it
-            batches.put(e)
+            self._error = e
+            failed.set()
+
+    def _take(self, step: int) -> Batch:
+        self._wait(lambda: step in self._ready, self._failed)
+        with self._lock:
+            if step not in self._ready:
+                raise self._error or _Stopped()
+            return self._ready.pop(step)
 
     def run(self, view: RunView | None = None) -> None:
         cfg, k = self.cfg, self.cfg.pipeline.max_staleness
         writer = TrajectoryWriter(self.run_dir / "trajectories", self.start_step)
         metrics = self.open_metrics(writer.attempt)
-        batches: queue.Queue[Any] = queue.Queue()
-        failed = self._failed
-        rollout = threading.Thread(target=self._rollout_loop, args=(batches, failed), name="assay-rollout", daemon=True)
+        rollout = threading.Thread(target=self._rollout_loop, name="assay-rollout", daemon=True)
         rollout.start()
         completed = False
         try:
             for step in range(self.start_step + 1, cfg.train.steps + 1):
-                item = batches.get()
-                if isinstance(item, BaseException):
-                    raise item
-                got, version, everything, kept, dropped, rollout_stats = item
-                assert got == step, (got, step)
+                version, everything, kept, dropped, rollout_stats = self._take(step)
                 writer.write(everything, step)
-                self._wait(lambda s=step: self._sampled >= min(s + k, cfg.train.steps), failed)
+                self._wait(lambda s=step: self._sampled >= min(s + k, cfg.train.steps), self._failed)
                 with self._lock:
                     stats = self.mixer.update(everything)
+                    self._seen = step
+                    self._lock.notify_all()
                 train_metrics = self.trainer.step(kept, version=step - 1)
                 self.monitor(step, everything, stats, metrics, view)
+                record = {**train_metrics, "groups_dropped": dropped,
+                          "sampled": len(everything), "staleness": step - 1 - version, **stats.metrics(),
+                          **rollout_stats}
+                self.end_step(step, record, stats, train_metrics, metrics, view)  # may checkpoint: see save
                 snapshot = [(n, t.clone()) for n, t in self.trainer.named_weights()]
                 with self._lock:
                     self._weights[step] = snapshot
                     self._trained = step
                     self._lock.notify_all()
-                record = {**train_metrics, "groups_dropped": dropped,
-                          "sampled": len(everything), "staleness": step - 1 - version, **stats.metrics(),
-                          **rollout_stats}
-                self.end_step(step, record, stats, train_metrics, metrics, view)
             completed = True
+        except _Stopped:
+            if self._error is None:
+                raise
+            raise self._error from None
         finally:
-            failed.set()  # a failed trainer stops the rollout thread at its next wait
+            self._failed.set()  # a failed trainer stops the rollout thread at its next wait
             metrics.close()
             if isinstance(self.backend, RolloutWorker):  # after a failure, mid-rollout work is not waited for
                 self.backend.close(wait_s=30 if completed else 0)

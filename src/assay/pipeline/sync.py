@@ -34,6 +34,7 @@ class SyncPipeline:
         self.domains = {d.name: d for d in cfg.domains}
         check_rewards(cfg.domains)
         self.start_step = 0
+        self.resumed: dict[str, Any] | None = None  # the checkpoint's trainer.pt, when resuming
         if resume:
             ckpt = latest_checkpoint(run_dir)
             blob, state = load_training_state(ckpt)
@@ -53,6 +54,7 @@ class SyncPipeline:
             self.mixer.load_state_dict(state["mixer"])
             set_rng_state(blob["rng"])
             self.start_step = state["step"]
+            self.resumed = blob
         self.backend = self.rollout_backend()
         self.backend.update_weights([], version=self.start_step)
         self.qa_store = Path(cfg.eval.qa_store) if cfg.eval.qa_store else run_dir / "envqa"
@@ -163,9 +165,12 @@ class SyncPipeline:
         return self.backend
 
     def save(self, step: int) -> Path:
+        return self._save(step)
+
+    def _save(self, step: int, buffer: dict[int, Any] | None = None) -> Path:
         return save_checkpoint(self.run_dir / "checkpoints", step, self.model, self.tokenizer,
                                _without_weights(self.trainer.state_dict()), {"mixer": self.mixer.state_dict()},
-                               keep=self.cfg.train.keep_checkpoints)
+                               keep=self.cfg.train.keep_checkpoints, buffer=buffer)
 
 
 def domain_rows(stats: DomainStats, train_metrics: dict[str, float]) -> dict[str, dict[str, float]]:

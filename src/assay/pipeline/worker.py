@@ -12,6 +12,7 @@ or `--supervise` does it)."""
 from __future__ import annotations
 
 import copy
+import os
 import queue
 import time
 import traceback
@@ -61,7 +62,8 @@ def _serve(requests: Any, results: Any, cfg: Config, model: Any, tokenizer: Any,
     except BaseException:
         results.put(("error", traceback.format_exc()))
         return
-    while (msg := requests.get()) is not None:
+    parent = os.getppid()
+    while (msg := _next(requests, parent)) is not None:
         kind, *args = msg
         try:
             if kind == "weights":
@@ -74,6 +76,16 @@ def _serve(requests: Any, results: Any, cfg: Config, model: Any, tokenizer: Any,
                 results.put(("ok", trajs, take() if callable(take) else {}))
         except BaseException:
             results.put(("error", traceback.format_exc()))
+
+
+def _next(requests: Any, parent: int) -> Any:
+    """The next request, or None once the trainer's process is gone (killed: nobody would read the answer)."""
+    while os.getppid() == parent:
+        try:
+            return requests.get(timeout=1.0)
+        except queue.Empty:
+            continue
+    return None
 
 
 class RolloutWorker:
