@@ -1,15 +1,17 @@
 """`assay bench pipeline`: RL steps per second of the synchronous pipeline beside the asynchronous
 one (and the online agent loop, and the rollout in a worker process), from the same policy and config,
-alternating in one process."""
+alternating in one process. Beside each variant's wall time: the share of it the rollout and the
+trainer were busy (their sum above 100% is the overlap), and the training pass rate it reached."""
 
 from __future__ import annotations
 
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from assay.core.storage import read_metrics
 from assay.pipeline.async_pipeline import make_pipeline
 from assay.pipeline.quickstart import default_config
 
@@ -28,6 +30,9 @@ class PipelineRow:
     variant: str
     seconds: list[float]
     steps: int
+    rollout_busy: list[float] = field(default_factory=list)  # share of the wall time spent sampling
+    train_busy: list[float] = field(default_factory=list)  # share spent in trainer steps
+    pass_rate: list[float] = field(default_factory=list)  # training pass rate over the second half of the steps
 
     @property
     def median(self) -> float:
@@ -46,14 +51,24 @@ def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[st
                 pipeline = make_pipeline(cfg, Path(tmp) / cfg.name)
                 t0 = time.perf_counter()
                 pipeline.run()
-                rows[name].seconds.append(time.perf_counter() - t0)
+                wall = time.perf_counter() - t0
+                row, train = rows[name], [m for m in read_metrics(Path(tmp) / cfg.name) if m["kind"] == "train"]
+                row.seconds.append(wall)
+                row.rollout_busy.append(sum(m["rollout_s"] for m in train) / wall)
+                row.train_busy.append(sum(m["train_s"] for m in train) / wall)
+                late = train[len(train) // 2:]
+                rates = [v for m in late for k, v in m.items() if k.startswith("domain/") and k.endswith("/pass_rate")]
+                row.pass_rate.append(statistics.mean(rates) if rates else float("nan"))
     return list(rows.values())
 
 
 def table(rows: list[PipelineRow]) -> str:
     base = rows[0].median
-    lines = ["| pipeline | wall s for the steps (median; all) | s / step | speed-up |", "|---|---|---|---|"]
+    lines = ["| pipeline | wall s for the steps (median; all) | s / step | speed-up | rollout busy | trainer busy "
+             "| training pass rate, second half |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         runs = ", ".join(f"{s:.1f}" for s in r.seconds)
-        lines.append(f"| {r.variant} | {r.median:.1f} ({runs}) | {r.median / r.steps:.2f} | {base / r.median:.2f}x |")
+        lines.append(f"| {r.variant} | {r.median:.1f} ({runs}) | {r.median / r.steps:.2f} | {base / r.median:.2f}x "
+                     f"| {statistics.mean(r.rollout_busy):.0%} | {statistics.mean(r.train_busy):.0%} "
+                     f"| {statistics.mean(r.pass_rate):.3f} |")
     return "\n".join(lines)

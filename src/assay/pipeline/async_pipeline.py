@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,9 +114,11 @@ class AsyncPipeline(SyncPipeline):
                     self._lock.notify_all()
                 if weights is not None:
                     self.backend.update_weights(weights, version=version)
+                t0 = time.perf_counter()
                 everything, kept, dropped = self.collect_batch(step, tasks)
                 take = getattr(self.backend, "take_stats", None)
                 stats = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
+                stats["rollout_s"] = time.perf_counter() - t0
                 with self._lock:
                     self._ready[step] = (version, everything, kept, dropped, stats)
                     self._lock.notify_all()
@@ -148,7 +151,9 @@ class AsyncPipeline(SyncPipeline):
                     stats = self.mixer.update(everything)
                     self._seen = step
                     self._lock.notify_all()
+                t0 = time.perf_counter()
                 train_metrics = self.trainer.step(kept, version=step - 1)
+                rollout_stats["train_s"] = time.perf_counter() - t0
                 self.monitor(step, everything, stats, metrics, view)
                 record = {**train_metrics, "groups_dropped": dropped,
                           "sampled": len(everything), "staleness": step - 1 - version, **stats.metrics(),

@@ -5,6 +5,7 @@ resumed run continues exactly as if it had never stopped."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,16 +104,19 @@ class SyncPipeline:
         metrics = self.open_metrics(writer.attempt)
         try:
             for step in range(self.start_step + 1, cfg.train.steps + 1):
+                t0 = time.perf_counter()
                 everything, kept, dropped = self.collect_batch(step)
+                t1 = time.perf_counter()
                 writer.write(everything, step)
                 stats = self.mixer.update(everything)
                 train_metrics = self.trainer.step(kept, version=step - 1)
                 self.backend.update_weights(self.trainer.named_weights(), version=step)
+                busy = {"rollout_s": t1 - t0, "train_s": time.perf_counter() - t1}
                 self.monitor(step, everything, stats, metrics, view)
                 take = getattr(self.backend, "take_stats", None)  # the native engine's counters
                 rollout = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
                 record = {**train_metrics, "groups_dropped": dropped, "sampled": len(everything),
-                          **stats.metrics(), **rollout}
+                          **stats.metrics(), **rollout, **busy}
                 self.end_step(step, record, stats, train_metrics, metrics, view)
         finally:
             metrics.close()
