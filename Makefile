@@ -11,7 +11,7 @@ $(PY):
 # Reinstall only when the package's declared dependencies change.
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,ray]'
 	touch $(STAMP)
 
 quickstart: $(STAMP)

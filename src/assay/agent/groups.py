@@ -20,11 +20,13 @@ from assay.rollout.engine import Engine
 def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment], domains: dict[str, DomainConfig],
             tasks: Sequence[Task], samples: int | None, temperature: float, top_p: float = 1.0, top_k: int = 0,
             policy_version: int = 0, seed: int | None = None, group_prefix: str = "",
-            online: bool = False) -> list[Trajectory]:
+            online: bool = False, first: int = 0) -> list[Trajectory]:
     """`samples` per task (None: each domain's group_size). Returns trajectories in task order,
     a group's samples together, each group sharing a `group_id`. Without `online`, the agent loop runs
     per domain, every episode of a domain taking its turns in lockstep; with it (the engine only),
-    the episodes of every domain share one batch and each advances on its own."""
+    the episodes of every domain share one batch and each advances on its own. `first`: where `tasks`
+    start in a larger batch split over several workers, so that group ids and random streams stay
+    distinct across the parts (0: the whole batch, as one worker sees it)."""
     by_domain: dict[str, list[tuple[int, Task]]] = defaultdict(list)
     for i, task in enumerate(tasks):
         by_domain[task.domain].append((i, task))
@@ -35,8 +37,8 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=dom.max_new_tokens,
                                 stop_token_ids=stop_token_ids(tokenizer), seed=seed)
         episodes = [task for _, task in items for _ in range(n)]
-        jobs[name] = [EpisodeJob(task, envs[name].start(task, None), params, dom.max_turns, dom.max_context, k,
-                                 dom.time_limit_s)
+        jobs[name] = [EpisodeJob(task, envs[name].start(task, None), params, dom.max_turns, dom.max_context,
+                                 first << 20 | k, dom.time_limit_s)
                       for k, task in enumerate(episodes)]
     if online:
         if not isinstance(backend, Engine):
@@ -55,6 +57,6 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
         for j, (i, task) in enumerate(items):
             group = done[name][j * n:(j + 1) * n]
             for t in group:
-                t.group_id = f"{group_prefix}{i}:{task.task_id}"
+                t.group_id = f"{group_prefix}{first + i}:{task.task_id}"
             results[i] = group
     return [t for i in range(len(tasks)) for t in results[i]]

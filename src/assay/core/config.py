@@ -162,20 +162,32 @@ class RolloutConfig(_Strict):
     top_k: int = Field(0, ge=0)
 
 
+class RayConfig(_Strict):
+    address: str | None = None  # an existing cluster to join; none starts a local one for the run
+    num_cpus: int | None = Field(None, gt=0)  # a local cluster's CPUs (none: the machine's)
+    rollout_workers: int = Field(1, gt=0)  # actors a step's tasks are split over
+    rollout_cpus: float = Field(1.0, ge=0)  # resources each rollout actor asks for
+    rollout_gpus: float = Field(0.0, ge=0)
+
+
 class PipelineConfig(_Strict):
     mode: Literal["sync", "async"] = "sync"  # async: sampling runs ahead of training on its own thread
     max_staleness: int = Field(1, ge=0)  # async: batches sampled with weights at most this many versions old
     online: bool = False  # engine: episodes advance on their own, every domain in one batch
-    # async: where the rollout runs; a process of its own (generation, tools and verification beside
-    # training, each with the run's thread count) or a thread of the trainer's, sharing its interpreter
-    workers: Literal["thread", "process"] = "thread"
-    worker_restarts: int = Field(3, ge=0)  # process: a worker that dies is replaced this often, its request re-issued
-    worker_timeout_s: float | None = Field(None, gt=0)  # process: a request running longer is a hung worker, replaced
+    # async: where the rollout runs; a thread of the trainer's process (sharing its interpreter), a
+    # process of its own (generation, tools and verification beside training, with the run's thread
+    # count), or Ray actors (`ray`, on this machine or a cluster)
+    workers: Literal["thread", "process", "ray"] = "thread"
+    # process, ray: a worker that dies, or runs one request past the timeout (hung), is replaced this
+    # often and its request re-issued
+    worker_restarts: int = Field(3, ge=0)
+    worker_timeout_s: float | None = Field(None, gt=0)
+    ray: RayConfig = RayConfig()
 
     @model_validator(mode="after")
-    def _process_needs_async(self) -> PipelineConfig:
-        if self.workers == "process" and self.mode != "async":
-            raise ValueError("workers: process runs the rollout beside training, which needs mode: async "
+    def _workers_need_async(self) -> PipelineConfig:
+        if self.workers != "thread" and self.mode != "async":
+            raise ValueError(f"workers: {self.workers} runs the rollout beside training, which needs mode: async "
                              "(max_staleness: 0 keeps the synchronous schedule)")
         return self
 

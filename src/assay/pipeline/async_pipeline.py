@@ -27,6 +27,7 @@ from assay.core.storage import TrajectoryWriter, prepare_run_dir
 from assay.core.types import Task, Trajectory
 from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
+from assay.pipeline.ray_workers import RayRollout
 from assay.pipeline.worker import RolloutWorker
 from assay.rollout.factory import make_backend
 
@@ -54,15 +55,17 @@ class AsyncPipeline(SyncPipeline):
 
     def rollout_backend(self) -> Any:
         """A copy of the weights of its own: the trainer steps its tensors while the rollout samples.
-        With `pipeline.workers: process` the copy lives in a worker process, which also runs the tools
-        and verifiers; this thread then only hands it tasks and weights."""
-        if self.cfg.pipeline.workers == "process":
-            p = self.cfg.pipeline
+        With `pipeline.workers: process` the copy lives in a worker process (with `ray`, in Ray actors),
+        which also runs the tools and verifiers; this thread then only hands it tasks and weights."""
+        p = self.cfg.pipeline
+        if p.workers == "process":
             return RolloutWorker(self.cfg, self.model, self.tokenizer, self.envs, p.worker_restarts, p.worker_timeout_s)
+        if p.workers == "ray":
+            return RayRollout(self.cfg, self.model, self.tokenizer, self.envs, self.run_dir)
         return make_backend(self.cfg.rollout, copy.deepcopy(self.model).eval().requires_grad_(False), self.tokenizer)
 
     def _rollout(self, tasks: list[Task], step: int, attempt: int) -> list[Trajectory]:
-        if isinstance(self.backend, RolloutWorker):
+        if self.cfg.pipeline.workers != "thread":
             return self.backend.rollout(tasks, step, attempt)
         return super()._rollout(tasks, step, attempt)
 
@@ -172,7 +175,7 @@ class AsyncPipeline(SyncPipeline):
         finally:
             self._failed.set()  # a failed trainer stops the rollout thread at its next wait
             metrics.close()
-            if isinstance(self.backend, RolloutWorker):  # after a failure, mid-rollout work is not waited for
+            if self.cfg.pipeline.workers != "thread":  # after a failure, mid-rollout work is not waited for
                 self.backend.close(wait_s=30 if completed else 0)
         rollout.join(timeout=60)
 

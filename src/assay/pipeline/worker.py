@@ -32,16 +32,17 @@ POLL_S = 0.5  # how often a waiting trainer checks that the worker is still aliv
 
 
 def rollout_tasks(cfg: Config, backend: Any, tokenizer: Any, envs: dict[str, Environment], tasks: Sequence[Task],
-                  step: int, attempt: int) -> list[Trajectory]:
+                  step: int, attempt: int, first: int = 0) -> list[Trajectory]:
     """One rollout of a step's tasks (attempt 0, or a refill): the GRPO groups, verified and shaped.
-    The pipeline and the worker process both call this, so where it runs cannot change what it samples."""
+    The pipeline and the workers all call this, so where it runs cannot change what it samples.
+    `first`: the position of `tasks` in the step's batch when it is split over several workers."""
     from assay.agent.groups import collect
     from assay.envs.rewards import shape_rewards
 
     r, domains = cfg.rollout, {d.name: d for d in cfg.domains}
     trajs = collect(backend, tokenizer, envs, domains, tasks, samples=None, temperature=r.temperature, top_p=r.top_p,
                     top_k=r.top_k, policy_version=step - 1, seed=sampling_seed(cfg, step, attempt),
-                    group_prefix=f"s{step}a{attempt}/", online=cfg.pipeline.online)
+                    group_prefix=f"s{step}a{attempt}/", online=cfg.pipeline.online, first=first)
     shape_rewards(trajs, domains)
     return trajs
 
@@ -103,7 +104,7 @@ class RolloutWorker:
         self.cfg, self.model, self.tokenizer, self.envs = cfg, model, tokenizer, envs
         self.restarts, self.timeout_s = restarts, timeout_s
         # the weights a replacement must start from: the first version's, then the last ones sent
-        self.weights: list[tuple[str, Tensor]] = _copies(model.state_dict().items())
+        self.weights: list[tuple[str, Tensor]] = copies(model.state_dict().items())
         self.version: int | None = None
         self.totals: Counter[str] = Counter()
         self._spawn()
@@ -124,7 +125,7 @@ class RolloutWorker:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         """Queue a weight update; the worker applies it before the next rollout request."""
-        named = _copies(named_tensors)
+        named = copies(named_tensors)
         if named:  # none: the weights it has, under a new version
             self.weights = named
         self.version = version
@@ -184,5 +185,5 @@ class RolloutWorker:
             self.proc.join()
 
 
-def _copies(named_tensors: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+def copies(named_tensors: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
     return [(n, t.detach().clone()) for n, t in named_tensors]

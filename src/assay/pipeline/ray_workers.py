@@ -1,0 +1,173 @@
+"""Rollout workers as Ray actors: the same rollout as the worker process, placed by Ray on this
+machine or across a cluster, a step's tasks split over `pipeline.ray.rollout_workers` actors.
+
+Weights go into Ray's object store once per version and every actor reads them from there. Each actor
+gets a contiguous part of the step's tasks (with distinct group ids and random streams: `first`), and
+the parts come back in order. An actor that dies (its process killed, its node lost) or runs a part
+past `pipeline.worker_timeout_s` is replaced by a new actor started from the last weights, and the
+part it held is issued again, up to `pipeline.worker_restarts` times over the run. With one actor a
+run samples exactly what the worker process samples."""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from assay.core.config import Config
+from assay.core.errors import AssayError
+from assay.core.types import Task, Trajectory
+from assay.envs.base import Environment
+from assay.pipeline.worker import POLL_S, copies, rollout_tasks
+
+# Ray's session directory holds Unix sockets, whose paths the kernel caps at 107 bytes
+MAX_TEMP_DIR = 60
+
+
+class _RolloutActor:
+    """One rollout worker inside a Ray actor: a copy of the policy, the environments and a backend."""
+
+    def __init__(self, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment],
+                 weights: list[tuple[str, Tensor]], version: int) -> None:
+        from assay.core.modeling import set_threads
+        from assay.rollout.factory import make_backend
+        from assay.rollout.weights import copy_weights
+
+        set_threads(cfg.threads)
+        model = copy.deepcopy(model).eval().requires_grad_(False)  # its own, writable tensors
+        copy_weights(model, weights)
+        self.cfg, self.tokenizer, self.envs = cfg, tokenizer, envs
+        self.backend = make_backend(cfg.rollout, model, tokenizer)
+        self.backend.update_weights([], version=version)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def update_weights(self, weights: list[tuple[str, Tensor]], version: int) -> None:
+        self.backend.update_weights(weights, version=version)
+
+    def rollout(self, tasks: list[Task], step: int, attempt: int, first: int) -> tuple[list[Trajectory], dict]:
+        trajs = rollout_tasks(self.cfg, self.backend, self.tokenizer, self.envs, tasks, step, attempt, first)
+        take = getattr(self.backend, "take_stats", None)
+        return trajs, take() if callable(take) else {}
+
+
+def start_ray(cfg: Config, run_dir: Path) -> bool:
+    """Join `pipeline.ray.address`, or start a local cluster whose files live under the run directory
+    (or, when that path is too long for Ray's sockets, a temporary directory), with no dashboard.
+    False when Ray was already initialized (by the caller, who then also shuts it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    r = cfg.pipeline.ray
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local cluster for one run, on this machine only
+    if r.address:
+        ray.init(address=r.address, log_to_driver=False, configure_logging=False)
+        return True
+    temp = run_dir.resolve() / "ray"
+    if len(str(temp)) > MAX_TEMP_DIR:
+        temp = Path(tempfile.mkdtemp(prefix="assay-ray-"))
+    temp.mkdir(parents=True, exist_ok=True)
+    ray.init(num_cpus=r.num_cpus, include_dashboard=False, _temp_dir=str(temp), log_to_driver=False,
+             configure_logging=False)
+    return True
+
+
+class RayRollout:
+    """The trainer's handle on the rollout actors, with the worker process's interface."""
+
+    def __init__(self, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment], run_dir: Path) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise AssayError("pipeline.workers: ray needs Ray: pip install -e '.[ray]'") from None
+        self.started = start_ray(cfg, run_dir)
+        self.ray, self.cfg = ray, cfg
+        r = cfg.pipeline.ray
+        self.actor_class = ray.remote(num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus)(_RolloutActor)
+        self.restarts, self.timeout_s = cfg.pipeline.worker_restarts, cfg.pipeline.worker_timeout_s
+        self.refs = (ray.put(copy.deepcopy(model)), ray.put(tokenizer), ray.put(envs))
+        self.weights = ray.put(copies(model.state_dict().items()))  # what a replacement starts from
+        self.version = 0
+        self.totals: Counter[str] = Counter()
+        self.actors = [self._new_actor() for _ in range(r.rollout_workers)]
+
+    def _new_actor(self) -> Any:
+        model, tokenizer, envs = self.refs
+        return self.actor_class.remote(self.cfg, model, tokenizer, envs, self.weights, self.version)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """One copy into the object store per version; every actor loads it before its next part."""
+        named = copies(named_tensors)
+        t0 = time.perf_counter()
+        ref = self.ray.put(named)
+        self.totals["weight_put_s"] += time.perf_counter() - t0
+        self.totals["weight_put_gb"] += sum(t.numel() * t.element_size() for _, t in named) / 2**30
+        if named:
+            self.weights = ref
+        self.version = version
+        for actor in self.actors:
+            actor.update_weights.remote(ref, version)
+
+    def rollout(self, tasks: Sequence[Task], step: int, attempt: int) -> list[Trajectory]:
+        n = len(self.actors)
+        bounds = [len(tasks) * i // n for i in range(n + 1)]
+        parts = {i: (bounds[i], list(tasks[bounds[i]:bounds[i + 1]])) for i in range(n) if bounds[i + 1] > bounds[i]}
+        pending = {i: self._issue(i, part, step, attempt) for i, part in parts.items()}
+        done: dict[int, list[Trajectory]] = {}
+        while pending:
+            ready, _ = self.ray.wait([ref for ref, _ in pending.values()], num_returns=1, timeout=POLL_S)
+            for i, (ref, asked) in list(pending.items()):
+                if ref in ready:
+                    try:
+                        trajs, stats = self.ray.get(ref)
+                    except self.ray.exceptions.RayActorError:  # died: a new actor takes its part
+                        self._replace(i)
+                        pending[i] = self._issue(i, parts[i], step, attempt)
+                        continue
+                    except self.ray.exceptions.RayTaskError as e:
+                        raise AssayError(f"rollout worker {i} failed:\n{e}") from None
+                    stats.pop("prefix_hit_rate", None)
+                    self.totals.update(stats)
+                    done[i] = trajs
+                    del pending[i]
+                elif self.timeout_s and time.monotonic() - asked > self.timeout_s:
+                    self.ray.kill(self.actors[i], no_restart=True)  # hung: its result raises RayActorError
+                    pending[i] = (ref, float("inf"))
+        return [t for i in sorted(done) for t in done[i]]
+
+    def _issue(self, i: int, part: tuple[int, list[Task]], step: int, attempt: int) -> tuple[Any, float]:
+        first, tasks = part
+        return self.actors[i].rollout.remote(tasks, step, attempt, first), time.monotonic()
+
+    def _replace(self, i: int) -> None:
+        if self.restarts <= 0:
+            raise AssayError(f"rollout worker {i} (a Ray actor) died and pipeline.worker_restarts allows no more "
+                             "replacements; `assay train --resume runs/NAME` continues from the last checkpoint")
+        self.restarts -= 1
+        self.totals["worker_restarts"] += 1
+        self.actors[i] = self._new_actor()
+
+    def pids(self) -> list[int]:
+        return self.ray.get([a.pid.remote() for a in self.actors])
+
+    def take_stats(self) -> dict[str, float]:
+        t, self.totals = dict(self.totals), Counter()
+        if "prompt_tokens" in t:
+            t["prefix_hit_rate"] = t.get("cached_prompt_tokens", 0.0) / max(t["prompt_tokens"], 1.0)
+        return t
+
+    def close(self, wait_s: float = 30) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self.started:
+            self.ray.shutdown()
