@@ -25,9 +25,9 @@ from torch import Tensor
 from assay.core.config import Config, build_config, load_config
 from assay.core.storage import TrajectoryWriter, prepare_run_dir
 from assay.core.types import Task, Trajectory
+from assay.pipeline.ray_workers import RayRollout
 from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
-from assay.pipeline.ray_workers import RayRollout
 from assay.pipeline.worker import RolloutWorker
 from assay.rollout.factory import make_backend
 
