@@ -480,11 +480,14 @@ def bench_agent(policy: Annotated[Path, typer.Argument(help="a policy directory 
 def bench_pipeline(policy: Annotated[Path, typer.Argument(help="a policy directory to start RL from")],
                    overrides: Overrides = None,
                    steps: Annotated[int, typer.Option(help="RL steps per run")] = 10,
-                   rounds: Annotated[int, typer.Option(help="alternating rounds of every variant")] = 2) -> None:
-    """RL wall time: the synchronous pipeline beside the asynchronous one and the online agent loop."""
+                   rounds: Annotated[int, typer.Option(help="alternating rounds of every variant")] = 2,
+                   variant: Annotated[list[str] | None, typer.Option(help="run only these variants (repeat it); "
+                                                                    "the first is the baseline")] = None) -> None:
+    """RL wall time: the synchronous pipeline beside the asynchronous one, the online agent loop and
+    the rollout in a worker process."""
     from assay.bench.pipeline import run_pipeline_bench, table
 
-    print(table(run_pipeline_bench(policy, steps, rounds, list(overrides or []))))
+    print(table(run_pipeline_bench(policy, steps, rounds, list(overrides or []), variant)))
 
 
 @bench_app.command("trainer")

@@ -39,9 +39,16 @@ class PipelineRow:
         return statistics.median(self.seconds)
 
 
-def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[str]) -> list[PipelineRow]:
-    rows = {name: PipelineRow(name, [], steps) for name in VARIANTS}
-    names = list(VARIANTS)
+def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[str],
+                       variants: list[str] | None = None) -> list[PipelineRow]:
+    """`variants`: a subset of VARIANTS by name (default: all); the first is the speed-up's baseline."""
+    names = variants or list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        from assay.core.errors import AssayError
+
+        raise AssayError(f"bench pipeline: unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    rows = {name: PipelineRow(name, [], steps) for name in names}
     with tempfile.TemporaryDirectory(prefix="assay-bench-pipeline-") as tmp:
         for r in range(rounds):
             for name in names if r % 2 == 0 else names[::-1]:
