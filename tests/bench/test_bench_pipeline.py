@@ -20,4 +20,4 @@ def test_bench_pipeline_runs_every_variant_and_reports_busy_shares(tmp_path):
         assert len(r.seconds) == 1 and 0 < r.rollout_busy[0] <= 1.0 and 0 < r.train_busy[0] <= 1.0
         assert 0.0 <= r.pass_rate[0] <= 1.0
     text = table(rows)
-    assert "| async + online, rollout process |" in text and "1.00x" in text
+    assert all(f"| {r.variant} |" in text for r in rows)

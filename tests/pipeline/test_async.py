@@ -7,6 +7,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
+from assay.core.checkpoint import list_checkpoints
 from assay.core.config import load_config
 from assay.pipeline.async_pipeline import AsyncPipeline, make_pipeline
 from assay.pipeline.sync import SyncPipeline
@@ -172,7 +173,8 @@ def test_a_hung_worker_process_is_killed_and_replaced(tiny_config, tmp_path):
 
     pipeline.trainer.step = step_then_freeze
     pipeline.run()
-    train = [json.loads(line) for line in (tmp_path / "hang" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "hang" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
     assert sum(r.get("rollout/worker_restarts", 0) for r in train) >= 1  # more only if a slow machine also hit it
     assert _same(weights, load_file(tmp_path / "hang" / "checkpoints" / "step_6" / "model.safetensors"))
@@ -193,7 +195,8 @@ def test_a_worker_that_keeps_dying_ends_the_run_with_what_it_trained_recorded(ti
     steps = [json.loads(line)["step"] for line in (tmp_path / "kill" / "metrics.jsonl").read_text().splitlines()]
     assert steps[:3] == [1, 2, 3]
     resumed = make_pipeline(load_config(tmp_path / "kill" / "config.yaml", []), tmp_path / "kill", resume=True)
-    assert resumed.start_step == (4 if 4 in steps else 2)  # the last checkpoint; the run continues from there
+    # the last checkpoint: step 2's (step 4's waits for the batch of step 5, which the dead worker never sent)
+    assert resumed.start_step == 2 and list_checkpoints(tmp_path / "kill" / "checkpoints") == [2]
     resumed.run()
     assert (tmp_path / "kill" / "checkpoints" / "step_6").is_dir()
 
@@ -205,3 +208,18 @@ def test_process_workers_need_the_async_pipeline():
 
     with pytest.raises(ValueError, match="needs mode: async"):
         PipelineConfig(workers="process")
+
+
+def test_a_worker_whose_environments_cannot_reach_a_new_process_is_refused_with_the_fix(tiny_config, tmp_path):
+    import pytest
+
+    from assay.core.errors import AssayError
+    from assay.pipeline.worker import RolloutWorker
+
+    class LocalEnv:  # defined in a function: a new process cannot import it
+        name = "local"
+
+    cfg = load_config(tiny_config(name="local"), ["pipeline.mode=async", "pipeline.workers=process"])
+    pipeline = make_pipeline(load_config(tiny_config(name="ok"), []), tmp_path / "ok")
+    with pytest.raises(AssayError, match="could not start.*importable module, or set pipeline.workers: thread"):
+        RolloutWorker(cfg, pipeline.model, pipeline.tokenizer, {"local": LocalEnv()})

@@ -65,6 +65,7 @@ def test_two_actors_split_each_step_and_a_killed_one_is_replaced(tiny_config, tm
     assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
     assert sum(r.get("rollout/worker_restarts", 0) for r in log) == 1
     live = pd.concat(pd.read_parquet(s) for s in trajectory_shards(tmp_path / "ray2" / "trajectories"))
+    group_size = {"arith": 2, "agent": 2, "no_e": 4}  # the tiny config's domains
     for step, rows in live.groupby("step"):  # each step's 3 groups once, each whole (no part lost or doubled)
-        sizes = rows.groupby("group_id").size()
-        assert len(sizes) == 3 and set(sizes) <= {2, 4}, (step, sizes)
+        sizes = rows.groupby(["group_id", "domain"]).size()
+        assert len(sizes) == 3 and all(n == group_size[d] for (_, d), n in sizes.items()), (step, sizes)

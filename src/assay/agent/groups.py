@@ -25,8 +25,8 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
     a group's samples together, each group sharing a `group_id`. Without `online`, the agent loop runs
     per domain, every episode of a domain taking its turns in lockstep; with it (the engine only),
     the episodes of every domain share one batch and each advances on its own. `first`: where `tasks`
-    start in a larger batch split over several workers, so that group ids and random streams stay
-    distinct across the parts (0: the whole batch, as one worker sees it)."""
+    start in a larger batch split over several workers, so that group ids stay distinct across the
+    parts (0: the whole batch, as one worker sees it)."""
     by_domain: dict[str, list[tuple[int, Task]]] = defaultdict(list)
     for i, task in enumerate(tasks):
         by_domain[task.domain].append((i, task))
@@ -37,8 +37,8 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=dom.max_new_tokens,
                                 stop_token_ids=stop_token_ids(tokenizer), seed=seed)
         episodes = [task for _, task in items for _ in range(n)]
-        jobs[name] = [EpisodeJob(task, envs[name].start(task, None), params, dom.max_turns, dom.max_context,
-                                 first << 20 | k, dom.time_limit_s)
+        jobs[name] = [EpisodeJob(task, envs[name].start(task, None), params, dom.max_turns, dom.max_context, k,
+                                 dom.time_limit_s)
                       for k, task in enumerate(episodes)]
     if online:
         if not isinstance(backend, Engine):

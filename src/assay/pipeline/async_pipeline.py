@@ -23,6 +23,7 @@ from typing import Any
 from torch import Tensor
 
 from assay.core.config import Config, build_config, load_config
+from assay.core.errors import ConfigError
 from assay.core.storage import TrajectoryWriter, prepare_run_dir
 from assay.core.types import Task, Trajectory
 from assay.pipeline.ray_workers import RayRollout
@@ -48,6 +49,13 @@ class AsyncPipeline(SyncPipeline):
         self._trained = self._seen = self._sampled = self.start_step
         # sampled batches not yet trained, by step; a checkpoint holds those sampled ahead of it
         self._ready: dict[int, Batch] = dict(self.resumed.get("buffer") or {}) if self.resumed else {}
+        ahead = list(range(self.start_step + 1, min(self.start_step + cfg.pipeline.max_staleness, cfg.train.steps) + 1))
+        if sorted(self._ready) != ahead[:len(self._ready)]:  # a prefix: a finished run resumed for more steps
+            self.close_backend()
+            raise ConfigError(f"the checkpoint of step {self.start_step} holds the batches sampled ahead of it for "
+                              f"steps {sorted(self._ready)}, which pipeline.max_staleness "
+                              f"{cfg.pipeline.max_staleness} and train.steps {cfg.train.steps} do not continue; "
+                              "resume with the run's own max_staleness (or train.steps past those steps)")
         self._sampled = max(self._ready, default=self._sampled)
         self._eval_backend: Any = None
         self._failed = threading.Event()  # set when either thread fails: the other stops waiting
@@ -125,11 +133,16 @@ class AsyncPipeline(SyncPipeline):
                 with self._lock:
                     self._ready[step] = (version, everything, kept, dropped, stats)
                     self._lock.notify_all()
+            with self._lock:  # every draw is done, refills of the last step included
+                self._sampled = cfg.train.steps + 1
+                self._lock.notify_all()
         except _Stopped:
             return
         except BaseException as e:  # handed to the trainer thread, which raises it
-            self._error = e
-            failed.set()
+            with self._lock:
+                self._error = e
+                failed.set()
+                self._lock.notify_all()
 
     def _take(self, step: int) -> Batch:
         self._wait(lambda: step in self._ready, self._failed)
@@ -138,18 +151,24 @@ class AsyncPipeline(SyncPipeline):
                 raise self._error or _Stopped()
             return self._ready.pop(step)
 
+    def close_backend(self, wait_s: float = 0) -> None:
+        if self.cfg.pipeline.workers != "thread":  # a worker process or Ray actors: stop them
+            self.backend.close(wait_s=wait_s)
+
     def run(self, view: RunView | None = None) -> None:
         cfg, k = self.cfg, self.cfg.pipeline.max_staleness
-        writer = TrajectoryWriter(self.run_dir / "trajectories", self.start_step)
-        metrics = self.open_metrics(writer.attempt)
         rollout = threading.Thread(target=self._rollout_loop, name="assay-rollout", daemon=True)
-        rollout.start()
         completed = False
+        metrics = None
         try:
+            writer = TrajectoryWriter(self.run_dir / "trajectories", self.start_step)
+            metrics = self.open_metrics(writer.attempt)
+            rollout.start()
             for step in range(self.start_step + 1, cfg.train.steps + 1):
                 version, everything, kept, dropped, rollout_stats = self._take(step)
                 writer.write(everything, step)
-                self._wait(lambda s=step: self._sampled >= min(s + k, cfg.train.steps), self._failed)
+                # every draw before the mixer sees this step: up to step + k's, or all (refills included)
+                self._wait(lambda s=step: self._sampled >= min(s + k, cfg.train.steps + 1), self._failed)
                 with self._lock:
                     stats = self.mixer.update(everything)
                     self._seen = step
@@ -173,11 +192,14 @@ class AsyncPipeline(SyncPipeline):
                 raise
             raise self._error from None
         finally:
-            self._failed.set()  # a failed trainer stops the rollout thread at its next wait
-            metrics.close()
-            if self.cfg.pipeline.workers != "thread":  # after a failure, mid-rollout work is not waited for
-                self.backend.close(wait_s=30 if completed else 0)
-        rollout.join(timeout=60)
+            with self._lock:
+                self._failed.set()  # a failed trainer stops the rollout thread at its next wait
+                self._lock.notify_all()
+            if metrics is not None:
+                metrics.close()
+            self.close_backend(wait_s=30 if completed else 0)  # after a failure, mid-rollout work is not waited for
+        if rollout.is_alive():
+            rollout.join(timeout=60)
 
 
 def make_pipeline(cfg: Config, run_dir: Path, resume: bool = False) -> SyncPipeline:

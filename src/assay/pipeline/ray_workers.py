@@ -91,18 +91,34 @@ class RayRollout:
             raise AssayError("pipeline.workers: ray needs Ray: pip install -e '.[ray]'") from None
         self.started = start_ray(cfg, run_dir)
         self.ray, self.cfg = ray, cfg
+        self.actors: list[Any] = []
+        self.closed = False
+        self.updates: list[tuple[Any, int]] = []  # weight loads not yet checked, with their versions
         r = cfg.pipeline.ray
-        self.actor_class = ray.remote(num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus)(_RolloutActor)
         self.restarts, self.timeout_s = cfg.pipeline.worker_restarts, cfg.pipeline.worker_timeout_s
-        self.refs = (ray.put(copy.deepcopy(model)), ray.put(tokenizer), ray.put(envs))
-        self.weights = ray.put(copies(model.state_dict().items()))  # what a replacement starts from
         self.version = 0
         self.totals: Counter[str] = Counter()
-        self.actors = [self._new_actor() for _ in range(r.rollout_workers)]
+        try:
+            self.actor_class = ray.remote(num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus)(_RolloutActor)
+            self.refs = (ray.put(copy.deepcopy(model)), ray.put(tokenizer), ray.put(envs))
+            self.weights = ray.put(copies(model.state_dict().items()))  # what a replacement starts from
+            self.actors = [self._new_actor() for _ in range(r.rollout_workers)]
+            self._started(self.actors)
+        except BaseException:
+            self.close()
+            raise
 
     def _new_actor(self) -> Any:
         model, tokenizer, envs = self.refs
         return self.actor_class.remote(self.cfg, model, tokenizer, envs, self.weights, self.version)
+
+    def _started(self, actors: list[Any]) -> None:
+        """Wait until the actors serve; one that could not start is an error now, not a death later."""
+        try:
+            self.ray.get([a.pid.remote() for a in actors])
+        except self.ray.exceptions.RayError as e:
+            raise AssayError(f"a rollout worker (Ray actor) could not start: {e}\ndefine the environments in an "
+                             "importable module, or set pipeline.workers: process") from None
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         """One copy into the object store per version; every actor loads it before its next part."""
@@ -114,16 +130,30 @@ class RayRollout:
         if named:
             self.weights = ref
         self.version = version
-        for actor in self.actors:
-            actor.update_weights.remote(ref, version)
+        self.updates += [(actor.update_weights.remote(ref, version), version) for actor in self.actors]
+
+    def _check_updates(self) -> None:
+        """A weight load that failed in an actor is an error; one whose actor died is left to the rollout,
+        which replaces the actor (from the last weights) when its part fails."""
+        for ref, version in self.updates:
+            try:
+                self.ray.get(ref)
+            except self.ray.exceptions.RayActorError:
+                pass
+            except self.ray.exceptions.RayTaskError as e:
+                raise AssayError(f"a rollout worker could not load the weights of version {version}:\n{e}") from None
+        self.updates = []
 
     def rollout(self, tasks: Sequence[Task], step: int, attempt: int) -> list[Trajectory]:
+        self._check_updates()
         n = len(self.actors)
         bounds = [len(tasks) * i // n for i in range(n + 1)]
         parts = {i: (bounds[i], list(tasks[bounds[i]:bounds[i + 1]])) for i in range(n) if bounds[i + 1] > bounds[i]}
         pending = {i: self._issue(i, part, step, attempt) for i, part in parts.items()}
         done: dict[int, list[Trajectory]] = {}
         while pending:
+            if self.closed:
+                raise AssayError("the rollout workers were closed while a rollout waited for them")
             ready, _ = self.ray.wait([ref for ref, _ in pending.values()], num_returns=1, timeout=POLL_S)
             for i, (ref, asked) in list(pending.items()):
                 if ref in ready:
@@ -149,12 +179,16 @@ class RayRollout:
         return self.actors[i].rollout.remote(tasks, step, attempt, first), time.monotonic()
 
     def _replace(self, i: int) -> None:
+        if self.closed:
+            raise AssayError("the rollout workers were closed while a rollout waited for them")
         if self.restarts <= 0:
             raise AssayError(f"rollout worker {i} (a Ray actor) died and pipeline.worker_restarts allows no more "
                              "replacements; `assay train --resume runs/NAME` continues from the last checkpoint")
         self.restarts -= 1
         self.totals["worker_restarts"] += 1
+        self.ray.kill(self.actors[i], no_restart=True)  # one merely unreachable must not linger
         self.actors[i] = self._new_actor()
+        self._started([self.actors[i]])
 
     def pids(self) -> list[int]:
         return self.ray.get([a.pid.remote() for a in self.actors])
@@ -166,8 +200,8 @@ class RayRollout:
         return t
 
     def close(self, wait_s: float = 30) -> None:
+        self.closed = True
         for actor in self.actors:
             self.ray.kill(actor, no_restart=True)
-        self.actors = []
         if self.started:
             self.ray.shutdown()

@@ -41,14 +41,17 @@ def rollout_tasks(cfg: Config, backend: Any, tokenizer: Any, envs: dict[str, Env
 
     r, domains = cfg.rollout, {d.name: d for d in cfg.domains}
     trajs = collect(backend, tokenizer, envs, domains, tasks, samples=None, temperature=r.temperature, top_p=r.top_p,
-                    top_k=r.top_k, policy_version=step - 1, seed=sampling_seed(cfg, step, attempt),
+                    top_k=r.top_k, policy_version=step - 1, seed=sampling_seed(cfg, step, attempt, first),
                     group_prefix=f"s{step}a{attempt}/", online=cfg.pipeline.online, first=first)
     shape_rewards(trajs, domains)
     return trajs
 
 
-def sampling_seed(cfg: Config, step: int, attempt: int) -> int:
-    return (cfg.seed * 1_000_003 + step * 101 + attempt) % 2**31
+def sampling_seed(cfg: Config, step: int, attempt: int, first: int = 0) -> int:
+    """The seed of a step's rollout; each part of a step split over workers (`first` > 0) has its own,
+    so that no two parts draw the same random numbers."""
+    seed = (cfg.seed * 1_000_003 + step * 101 + attempt) % 2**31
+    return seed if not first else (seed * 7_919 + first * 104_729) % 2**31
 
 
 def _serve(requests: Any, results: Any, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment]) -> None:
@@ -63,6 +66,7 @@ def _serve(requests: Any, results: Any, cfg: Config, model: Any, tokenizer: Any,
     except BaseException:
         results.put(("error", traceback.format_exc()))
         return
+    results.put(("ready",))
     parent = os.getppid()
     while (msg := _next(requests, parent)) is not None:
         kind, *args = msg
@@ -96,7 +100,8 @@ class RolloutWorker:
     A worker that dies (killed, out of memory) or takes longer than `timeout_s` over one request is
     replaced, up to `restarts` times: the new process starts from the last weights sent, and the
     request it held is issued again. A rollout is a function of its tasks, seeds and weights, so
-    nothing is lost or sampled twice; the replaced worker's counts are `worker_restarts`."""
+    nothing is lost or sampled twice; the replacements are counted as `worker_restarts`. A worker
+    that cannot start (its environments do not import in a new process, say) is an error at once."""
 
     def __init__(self, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment], restarts: int = 0,
                  timeout_s: float | None = None) -> None:
@@ -105,23 +110,26 @@ class RolloutWorker:
         self.restarts, self.timeout_s = restarts, timeout_s
         # the weights a replacement must start from: the first version's, then the last ones sent
         self.weights: list[tuple[str, Tensor]] = copies(model.state_dict().items())
-        self.version: int | None = None
+        self.version = 0
         self.totals: Counter[str] = Counter()
+        self.closed = False
         self._spawn()
 
     def _spawn(self) -> None:
         self.requests, self.results = self.ctx.Queue(), self.ctx.Queue()
         # a copy: sending a tensor moves its storage to shared memory, and the trainer's must stay its own
+        # (its values are overwritten by `self.weights` below: the trainer may be stepping them right now)
         own = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.proc = self.ctx.Process(target=_serve, name="assay-rollout-worker", daemon=True,
                                      args=(self.requests, self.results, self.cfg, own, self.tokenizer, self.envs))
         try:
             self.proc.start()
-        except Exception as e:  # pickling: an environment or tokenizer defined where a new process cannot import it
+            self._receive(started=False)  # "ready", or the reason it could not start
+        except Exception as e:  # pickling, or the worker failed before it could serve
+            self.close(wait_s=0)
             raise AssayError(f"the rollout worker process could not start ({type(e).__name__}: {e}); define the "
                              "environments in an importable module, or set pipeline.workers: thread") from e
-        # the copy was taken from the trainer's weights as they are now: set the version the rollout is at
-        self.requests.put(("weights", self.weights, self.version or 0))
+        self.requests.put(("weights", self.weights, self.version))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         """Queue a weight update; the worker applies it before the next rollout request."""
@@ -134,7 +142,15 @@ class RolloutWorker:
     def rollout(self, tasks: Sequence[Task], step: int, attempt: int) -> list[Trajectory]:
         request = ("rollout", list(tasks), step, attempt)
         self.requests.put(request)
-        _, trajs, stats = self._answer(request)
+        asked = time.monotonic()
+        while True:
+            try:
+                _, trajs, stats = self._receive(started=True, asked=asked)
+                break
+            except _Died:
+                self._replace()
+                self.requests.put(request)
+                asked = time.monotonic()
         stats.pop("prefix_hit_rate", None)  # a rate, recomputed from the summed counts
         self.totals.update(stats)
         return trajs
@@ -142,25 +158,27 @@ class RolloutWorker:
     def take_stats(self) -> dict[str, float]:
         """The worker's engine counters summed since the last call, with the prefix hit rate over them."""
         t, self.totals = dict(self.totals), Counter()
-        if t.keys() - {"worker_restarts"}:  # a backend without counters (hf) reports none
-            t["prefix_hit_rate"] = t.get("cached_prompt_tokens", 0.0) / max(t.get("prompt_tokens", 0.0), 1.0)
+        if "prompt_tokens" in t:  # a backend without counters (hf) reports none
+            t["prefix_hit_rate"] = t.get("cached_prompt_tokens", 0.0) / max(t["prompt_tokens"], 1.0)
         return t
 
-    def _answer(self, request: tuple[Any, ...]) -> tuple[Any, ...]:
-        asked = time.monotonic()
+    def _receive(self, started: bool, asked: float = 0.0) -> tuple[Any, ...]:
+        """The worker's next message. Raises _Died when a started worker died or hung past the timeout."""
         while True:
             try:
                 msg = self.results.get(timeout=POLL_S)
             except queue.Empty:
-                if self.timeout_s and self.proc.is_alive() and time.monotonic() - asked > self.timeout_s:
-                    self.proc.kill()  # hung: replaced below like a dead one
+                if self.closed:
+                    raise AssayError("the rollout worker was closed while a rollout waited for it") from None
+                hung = started and self.timeout_s and time.monotonic() - asked > self.timeout_s
+                if hung and self.proc.is_alive():
+                    self.proc.kill()
                     self.proc.join()
                 if self.proc.is_alive():
                     continue
-                self._replace()
-                self.requests.put(request)
-                asked = time.monotonic()
-                continue
+                if not started:
+                    raise AssayError(f"it exited with code {self.proc.exitcode} (its error is printed above)") from None
+                raise _Died from None
             if msg[0] == "error":
                 raise AssayError(f"the rollout worker failed:\n{msg[1]}")
             return msg
@@ -177,12 +195,17 @@ class RolloutWorker:
 
     def close(self, wait_s: float = 30) -> None:
         """Stop the worker: it ends after the request it is on (killed if that takes over `wait_s`)."""
+        self.closed = True
         if self.proc.is_alive():
             self.requests.put(None)
             self.proc.join(timeout=wait_s)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join()
+
+
+class _Died(Exception):
+    """The worker process is gone (or was killed as hung) while a request waited."""
 
 
 def copies(named_tensors: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
