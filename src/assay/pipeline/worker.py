@@ -127,8 +127,10 @@ class RolloutWorker:
             self._receive(started=False)  # "ready", or the reason it could not start
         except Exception as e:  # pickling, or the worker failed before it could serve
             self.close(wait_s=0)
-            raise AssayError(f"the rollout worker process could not start ({type(e).__name__}: {e}); define the "
-                             "environments in an importable module, or set pipeline.workers: thread") from e
+            raise AssayError(f"the rollout worker process could not start ({type(e).__name__}: {e}); a new "
+                             "process imports the environments and the script that started the run, so define "
+                             "environments in an importable module and start a run from a script under "
+                             "`if __name__ == \"__main__\":`, or set pipeline.workers: thread") from e
         self.requests.put(("weights", self.weights, self.version))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
