@@ -11,7 +11,7 @@ $(PY):
 # Reinstall only when the package's declared dependencies change.
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,ray]'
+	$(PY) -m pip install -q -e '.[dev,ray,lora]'
 	touch $(STAMP)
 
 quickstart: $(STAMP)

@@ -109,6 +109,13 @@ class LossConfig(_Strict):
     is_cap: float = Field(2.0, gt=0)  # truncation of that importance weight
 
 
+class LoraConfig(_Strict):
+    rank: int = Field(0, ge=0)  # 0: full fine-tuning; > 0: LoRA adapters of this rank (peft), the base frozen
+    alpha: float = Field(16.0, gt=0)  # the adapters' scale is alpha / rank
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
 class TrainConfig(_Strict):
     steps: int = Field(40, gt=0)
     groups_per_step: int = Field(8, gt=0)
@@ -126,6 +133,7 @@ class TrainConfig(_Strict):
     # vocabularies (~150k), where full logits at every position do not fit
     selective_logprobs: bool = False
     activation_checkpointing: bool = False  # recompute each layer's activations in backward: memory for time
+    lora: LoraConfig = LoraConfig()
     bf16: bool = False
     checkpoint_every: int = Field(10, gt=0)
     keep_checkpoints: int = Field(2, gt=0)

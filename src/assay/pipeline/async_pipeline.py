@@ -67,10 +67,10 @@ class AsyncPipeline(SyncPipeline):
         which also runs the tools and verifiers; this thread then only hands it tasks and weights."""
         p = self.cfg.pipeline
         if p.workers == "process":
-            return RolloutWorker(self.cfg, self.model, self.tokenizer, self.envs, p.worker_restarts, p.worker_timeout_s)
+            return RolloutWorker(self.cfg, self.plain, self.tokenizer, self.envs, p.worker_restarts, p.worker_timeout_s)
         if p.workers == "ray":
-            return RayRollout(self.cfg, self.model, self.tokenizer, self.envs, self.run_dir)
-        return make_backend(self.cfg.rollout, copy.deepcopy(self.model).eval().requires_grad_(False), self.tokenizer)
+            return RayRollout(self.cfg, self.plain, self.tokenizer, self.envs, self.run_dir)
+        return make_backend(self.cfg.rollout, copy.deepcopy(self.plain).eval().requires_grad_(False), self.tokenizer)
 
     def _rollout(self, tasks: list[Task], step: int, attempt: int) -> list[Trajectory]:
         if self.cfg.pipeline.workers != "thread":
@@ -91,8 +91,9 @@ class AsyncPipeline(SyncPipeline):
 
     def eval_backend(self) -> Any:
         """Evaluations run on the trainer's weights with a backend of their own (the rollout thread's is busy)."""
+        model = self.policy_model()  # with LoRA, the adapters folded in as they are now
         if self._eval_backend is None:
-            self._eval_backend = make_backend(self.cfg.rollout, self.model, self.tokenizer)
+            self._eval_backend = make_backend(self.cfg.rollout, model, self.tokenizer)
         self._eval_backend.update_weights([], version=self._trained)
         return self._eval_backend
 

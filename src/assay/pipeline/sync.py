@@ -5,6 +5,7 @@ resumed run continues exactly as if it had never stopped."""
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from assay.pipeline.policy import build_policy, domain_envs
 from assay.pipeline.ui import RunView
 from assay.pipeline.worker import rollout_tasks
 from assay.rollout.factory import make_backend
+from assay.rollout.weights import copy_weights
 from assay.train.advantages import filter_zero_variance
+from assay.train.lora import with_lora
 from assay.train.trainer import GRPOTrainer
 
 
@@ -43,6 +46,11 @@ class SyncPipeline:
         else:
             self.model, self.tokenizer = build_policy(cfg, self.envs)
         self.threads = apply_threads(cfg.threads, self.model)
+        # the policy as a plain Hugging Face model, what rollouts run and checkpoints hold; with LoRA
+        # the trainer's model is a peft wrapper of a copy, and this one gets the adapters folded in
+        self.plain = self.model
+        if cfg.train.lora.rank:
+            self.model = with_lora(copy.deepcopy(self.plain), cfg.train.lora)
         # the config in effect (a resume may override), with the thread count resolved: `threads: 0`
         # measures, and a resume must not measure again (another count rounds floats differently)
         self.cfg = cfg = cfg.model_copy(update={"threads": self.threads})
@@ -50,8 +58,9 @@ class SyncPipeline:
         ref = self._reference_policy() if cfg.train.loss.kl_coef > 0 else None
         self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature)
         self.mixer = DomainMixer(cfg.domains, cfg.mixer, self.envs, seed=cfg.seed)
-        if resume:
-            self.trainer.load_state_dict({**blob["trainer"], "model": self.model.state_dict()})
+        if resume:  # with LoRA trainer.pt holds the trainer's model (frozen base and adapters), for exactness
+            self.trainer.load_state_dict({**blob["trainer"], "model": blob["trainer"].get("model")
+                                          or self.model.state_dict()})
             self.mixer.load_state_dict(state["mixer"])
             set_rng_state(blob["rng"])
             self.start_step = state["step"]
@@ -65,7 +74,7 @@ class SyncPipeline:
         """The KL anchor is the policy the run started from; kept on disk so a resume finds it."""
         path = self.run_dir / "reference_policy"
         if not (path / "config.json").is_file():
-            save_model(self.model, self.tokenizer, path)
+            save_model(self.plain, self.tokenizer, path)
         ref, _ = load_model(path, self.cfg.model)
         ref.requires_grad_(False)
         return ref.eval()
@@ -161,8 +170,15 @@ class SyncPipeline:
                 view.warn(f"step {step}: {warning}")
 
     def rollout_backend(self) -> Any:
-        """The backend rollouts run on: here the trainer's own weights (a weight sync is a version bump)."""
-        return make_backend(self.cfg.rollout, self.model, self.tokenizer)
+        """The backend rollouts run on: here the trainer's own weights (a weight sync is a version bump;
+        with LoRA a copy of the folded weights)."""
+        return make_backend(self.cfg.rollout, self.plain, self.tokenizer)
+
+    def policy_model(self) -> Any:
+        """The current policy as a plain Hugging Face model (with LoRA, the adapters folded in now)."""
+        if self.plain is not self.model:
+            copy_weights(self.plain, self.trainer.named_weights())
+        return self.plain
 
     def eval_backend(self) -> Any:
         """The backend evaluations run on: the rollout's own (it runs the trainer's current weights)."""
@@ -172,9 +188,12 @@ class SyncPipeline:
         return self._save(step)
 
     def _save(self, step: int, buffer: dict[int, Any] | None = None) -> Path:
-        return save_checkpoint(self.run_dir / "checkpoints", step, self.model, self.tokenizer,
-                               _without_weights(self.trainer.state_dict()), {"mixer": self.mixer.state_dict()},
-                               keep=self.cfg.train.keep_checkpoints, buffer=buffer)
+        trainer = self.trainer.state_dict()
+        if self.plain is self.model:  # the weights go to model.safetensors once; with LoRA it holds the folded ones
+            trainer = {k: v for k, v in trainer.items() if k != "model"}
+        return save_checkpoint(self.run_dir / "checkpoints", step, self.policy_model(), self.tokenizer, trainer,
+                               {"mixer": self.mixer.state_dict()}, keep=self.cfg.train.keep_checkpoints,
+                               buffer=buffer)
 
 
 def domain_rows(stats: DomainStats, train_metrics: dict[str, float]) -> dict[str, dict[str, float]]:
@@ -194,7 +213,3 @@ def _headline(stats: DomainStats, train_metrics: dict[str, float]) -> str:
     mean = sum(rates) / len(rates) if rates else 0.0
     return f"pass {mean:.2f}  loss {train_metrics.get('loss', 0.0):+.4f}"
 
-
-def _without_weights(trainer_state: dict[str, Any]) -> dict[str, Any]:
-    """The weights go to model.safetensors once; trainer.pt holds the rest."""
-    return {k: v for k, v in trainer_state.items() if k != "model"}

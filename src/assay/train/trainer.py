@@ -20,6 +20,7 @@ from assay.core.errors import AssayError
 from assay.core.types import Trajectory
 from assay.train.advantages import group_advantages
 from assay.train.batching import adamw, check_sequence, lr_at, pad_tokens, right_pad, set_lr
+from assay.train.lora import is_lora, merged_weights
 from assay.train.losses import (
     aggregate,
     importance_weight,
@@ -255,7 +256,11 @@ class GRPOTrainer:
     # -- weights and checkpoints -----------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The model's tensors in Hugging Face layout (state_dict names, tied weights included), detached."""
+        """The model's tensors in Hugging Face layout (state_dict names, tied weights included), detached;
+        with LoRA, the plain model's, each adapter folded into its weight."""
+        if is_lora(self.model):
+            yield from merged_weights(self.model)
+            return
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach()
 
