@@ -497,7 +497,8 @@ def bench_trainer(rounds: Annotated[int, typer.Option(help="fresh processes per 
                   completion: Annotated[int, typer.Option(help="completion tokens per sequence")] = 96,
                   hidden: Annotated[int, typer.Option(help="hidden size of the 2-layer model")] = 256,
                   threads: Annotated[int, typer.Option(help="torch threads")] = 2) -> None:
-    """Trainer step time and peak memory with a 151,936-token vocabulary: full logits beside selective log-probs."""
+    """Trainer step time and peak memory with a 151,936-token vocabulary: full logits beside selective
+    log-probs, and selective log-probs with LoRA adapters."""
     from assay.bench.trainer import run_trainer_bench
 
     print(run_trainer_bench(rounds, seqs, length, completion, hidden, threads, log=console.print))

@@ -1,5 +1,6 @@
 """`assay bench trainer`: peak memory and step time of one RL trainer step with full logits beside
-selective log-probs (`train.selective_logprobs`), on a model with a real vocabulary (151,936 tokens,
+selective log-probs (`train.selective_logprobs`), and selective log-probs with LoRA adapters
+(`train.lora`, the base and its embeddings frozen), on a model with a real vocabulary (151,936 tokens,
 Qwen2.5's), random weights and tokens. Each measurement runs in a fresh process, variants
 alternating, so a peak RSS belongs to that variant alone."""
 
@@ -15,6 +16,7 @@ import time
 import torch
 
 VOCAB = 151_936
+VARIANTS = ["full", "selective", "selective + lora"]  # lora: rank-8 adapters on every projection (peft)
 
 
 def measure(variant: str, seqs: int, length: int, completion: int, hidden: int, threads: int) -> dict[str, float]:
@@ -37,7 +39,12 @@ def measure(variant: str, seqs: int, length: int, completion: int, hidden: int, 
         batch.append(Trajectory(task, [], ids, [0] * (length - completion) + [1] * completion,
                                 [-12.0] * length, length - completion, reward=float(i % 2), passed=bool(i % 2),
                                 group_id=f"g{i // 4}"))
-    trainer = GRPOTrainer(model, TrainConfig(micro_batch=seqs, selective_logprobs=variant == "selective",
+    if variant == "selective + lora":
+        from assay.core.config import LoraConfig
+        from assay.train.lora import with_lora
+
+        model = with_lora(model, LoraConfig(rank=8))
+    trainer = GRPOTrainer(model, TrainConfig(micro_batch=seqs, selective_logprobs=variant != "full",
                                              dynamic_sampling=False))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
@@ -49,9 +56,9 @@ def measure(variant: str, seqs: int, length: int, completion: int, hidden: int, 
 
 def run_trainer_bench(rounds: int, seqs: int, length: int, completion: int, hidden: int, threads: int,
                       log=print) -> str:
-    rows: dict[str, list[dict[str, float]]] = {"full": [], "selective": []}
+    rows: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     for r in range(rounds):
-        for variant in (["full", "selective"] if r % 2 == 0 else ["selective", "full"]):
+        for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
             code = (f"import json; from assay.bench.trainer import measure; "
                     f"print(json.dumps(measure({variant!r}, {seqs}, {length}, {completion}, {hidden}, {threads})))")
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -64,7 +71,10 @@ def run_trainer_bench(rounds: int, seqs: int, length: int, completion: int, hidd
              "| logits | step time s | peak RSS MiB | RSS added by the step MiB |", "|---|---|---|---|"]
     for v, m in med.items():
         lines.append(f"| {v} | {m['seconds']:.2f} | {m['peak_mib']:.0f} | {m['step_mib']:.0f} |")
-    f, s = med["full"], med["selective"]
-    lines += ["", f"selective / full: step time {s['seconds'] / f['seconds']:.2f}×, memory added by the step "
-                  f"{s['step_mib'] / max(f['step_mib'], 1e-9):.2f}×"]
+    f = med["full"]
+    lines.append("")
+    for v in VARIANTS[1:]:
+        s = med[v]
+        lines.append(f"{v} / full: step time {s['seconds'] / f['seconds']:.2f}×, memory added by the step "
+                     f"{s['step_mib'] / max(f['step_mib'], 1e-9):.2f}×")
     return "\n".join(lines)
