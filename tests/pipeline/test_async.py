@@ -221,5 +221,5 @@ def test_a_worker_whose_environments_cannot_reach_a_new_process_is_refused_with_
 
     cfg = load_config(tiny_config(name="local"), ["pipeline.mode=async", "pipeline.workers=process"])
     pipeline = make_pipeline(load_config(tiny_config(name="ok"), []), tmp_path / "ok")
-    with pytest.raises(AssayError, match="could not start.*importable module, or set pipeline.workers: thread"):
+    with pytest.raises(AssayError, match="could not start.*importable module.*__main__.*or set pipeline.workers: thread"):
         RolloutWorker(cfg, pipeline.model, pipeline.tokenizer, {"local": LocalEnv()})
