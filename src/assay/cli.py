@@ -282,6 +282,16 @@ def report(run_dir: Annotated[Path, typer.Argument(help="runs/NAME")]) -> None:
 
 
 @app.command()
+def scale(run_dir: Annotated[Path, typer.Argument(help="runs/NAME of a run with pipeline.workers: ray")],
+          rollout_workers: Annotated[int, typer.Option(help="rollout actors from the next rollout on")]) -> None:
+    """Change a running run's number of rollout workers (Ray actors) without restarting its trainer."""
+    from assay.pipeline.ray_workers import request_scale
+
+    request_scale(run_dir, rollout_workers)
+    console.print(f"{run_dir}: {rollout_workers} rollout worker(s) from its next rollout on")
+
+
+@app.command()
 def quickstart(overrides: Overrides = None,
                print_config: Annotated[bool, typer.Option(help="print the embedded config and exit")] = False) -> None:
     """The main job on the embedded default config: SFT, evaluate, multi-domain RL, evaluate again."""

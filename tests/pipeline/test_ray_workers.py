@@ -1,6 +1,6 @@
 """Rollout workers as Ray actors on a local cluster (num_cpus=2, no dashboard): one actor samples what
-the worker process samples; a step split over two actors keeps every group once; an actor killed with
-SIGKILL mid-run is replaced and its part issued again."""
+the worker process samples; a run scaled to two actors mid-run splits each step and keeps every group
+once; an actor killed with SIGKILL mid-run is replaced and its part issued again."""
 
 import json
 import os
@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from assay.core.config import load_config
 from assay.core.storage import trajectory_shards
 from assay.pipeline.async_pipeline import make_pipeline
+from assay.pipeline.ray_workers import request_scale
 
 ray = pytest.importorskip("ray")
 
@@ -48,21 +49,26 @@ def test_one_ray_actor_samples_what_the_worker_process_samples(tiny_config, tmp_
     assert any(r.get("rollout/weight_put_gb", 0) > 0 for r in ray_log)  # each version put in the object store once
 
 
-def test_two_actors_split_each_step_and_a_killed_one_is_replaced(tiny_config, tmp_path):
-    def kill_during_step_3(pipeline):
+def test_a_run_scaled_to_two_actors_splits_each_step_and_replaces_a_killed_one(tiny_config, tmp_path):
+    """Starts on one actor; `assay scale` asks for two after step 1; one of them is SIGKILLed during
+    step 3. The run goes on at the new width and keeps each group of each step once."""
+    def scale_then_kill(pipeline):
         real = pipeline.trainer.step
 
         def step(batch, version):
             out = real(batch, version=version)
+            if version == 0:
+                request_scale(tmp_path / "ray2", 2)
             if version == 2:
+                assert len(pipeline.backend.actors) == 2
                 os.kill(pipeline.backend.pids()[1], signal.SIGKILL)
             return out
 
         pipeline.trainer.step = step
 
-    log, _ = _run(tiny_config, tmp_path, "ray2", *RAY, "pipeline.ray.rollout_workers=2", "pipeline.ray.rollout_cpus=0.5",
-                  during=kill_during_step_3)
+    log, _ = _run(tiny_config, tmp_path, "ray2", *RAY, "pipeline.ray.rollout_cpus=0.5", during=scale_then_kill)
     assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    assert any(r.get("rollout/resized_to") == 2 for r in log)
     assert sum(r.get("rollout/worker_restarts", 0) for r in log) == 1
     live = pd.concat(pd.read_parquet(s) for s in trajectory_shards(tmp_path / "ray2" / "trajectories"))
     group_size = {"arith": 2, "agent": 2, "no_e": 4}  # the tiny config's domains

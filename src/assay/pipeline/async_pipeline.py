@@ -49,7 +49,7 @@ class AsyncPipeline(SyncPipeline):
         self._trained = self._seen = self._sampled = self.start_step
         # sampled batches not yet trained, by step; a checkpoint holds those sampled ahead of it
         self._ready: dict[int, Batch] = dict(self.resumed.get("buffer") or {}) if self.resumed else {}
-        ahead = list(range(self.start_step + 1, min(self.start_step + cfg.pipeline.max_staleness, cfg.train.steps) + 1))
+        ahead = list(self._ahead(self.start_step))
         if sorted(self._ready) != ahead[:len(self._ready)]:  # a prefix: a finished run resumed for more steps
             self.close_backend()
             raise ConfigError(f"the checkpoint of step {self.start_step} holds the batches sampled ahead of it for "
@@ -81,13 +81,17 @@ class AsyncPipeline(SyncPipeline):
         """The checkpoint also holds the batches sampled ahead of `step` (steps step+1 .. step+k), so a
         resume trains exactly what this run would have. Called after the mixer has seen `step` and
         before the rollout may draw step+k+1, so the mixer's state is the one those batches left."""
-        ahead = range(step + 1, min(step + self.cfg.pipeline.max_staleness, self.cfg.train.steps) + 1)
+        ahead = self._ahead(step)
         self._wait(lambda: all(s in self._ready for s in ahead), self._failed)
         if self._failed.is_set():
             raise _Stopped
         with self._lock:
             buffer = {s: self._ready[s] for s in ahead}
             return self._save(step, buffer)
+
+    def _ahead(self, step: int) -> range:
+        """The steps whose batches are sampled ahead of `step` once it is trained: step+1 .. step+k."""
+        return range(step + 1, min(step + self.cfg.pipeline.max_staleness, self.cfg.train.steps) + 1)
 
     def eval_backend(self) -> Any:
         """Evaluations run on the trainer's weights with a backend of their own (the rollout thread's is busy)."""

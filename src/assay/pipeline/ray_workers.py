@@ -6,7 +6,8 @@ gets a contiguous part of the step's tasks (with distinct group ids and random s
 the parts come back in order. An actor that dies (its process killed, its node lost) or runs a part
 past `pipeline.worker_timeout_s` is replaced by a new actor started from the last weights, and the
 part it held is issued again, up to `pipeline.worker_restarts` times over the run. With one actor a
-run samples exactly what the worker process samples."""
+run samples exactly what the worker process samples. The number of actors can change while the run
+goes on (`assay scale runs/NAME N`, read before each rollout)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,18 @@ from assay.pipeline.worker import POLL_S, copies, rollout_tasks
 
 # Ray's session directory holds Unix sockets, whose paths the kernel caps at 107 bytes
 MAX_TEMP_DIR = 60
+SCALE_FILE = "rollout_workers"  # in the run directory: the number of rollout actors wanted now
+
+
+def request_scale(run_dir: Path, n: int) -> None:
+    """Ask a running run to use `n` rollout actors from its next rollout on."""
+    from assay.core.atomic import atomic_write
+
+    if n < 1:
+        raise AssayError(f"assay scale: need at least one rollout worker, got {n}")
+    if not (run_dir / "config.yaml").is_file():
+        raise AssayError(f"{run_dir} is not a run directory (no config.yaml); pass runs/NAME of a running run")
+    atomic_write(run_dir / SCALE_FILE, f"{n}\n")
 
 
 class _RolloutActor:
@@ -90,7 +103,7 @@ class RayRollout:
         except ImportError:
             raise AssayError("pipeline.workers: ray needs Ray: pip install -e '.[ray]'") from None
         self.started = start_ray(cfg, run_dir)
-        self.ray, self.cfg = ray, cfg
+        self.ray, self.cfg, self.run_dir = ray, cfg, run_dir
         self.actors: list[Any] = []
         self.closed = False
         self.updates: list[tuple[Any, int]] = []  # weight loads not yet checked, with their versions
@@ -144,7 +157,33 @@ class RayRollout:
                 raise AssayError(f"a rollout worker could not load the weights of version {version}:\n{e}") from None
         self.updates = []
 
+    def resize(self, n: int) -> None:
+        """Add actors (started from the last weights) or stop the last ones, between two rollouts: the
+        run goes on at the new width without restarting the trainer."""
+        if n < 1:
+            raise AssayError(f"rollout workers: need at least one, got {n}")
+        if n > len(self.actors):
+            added = [self._new_actor() for _ in range(n - len(self.actors))]
+            self._started(added)
+            self.actors += added
+        for actor in self.actors[n:]:
+            self.ray.kill(actor, no_restart=True)
+        del self.actors[n:]
+
+    def _follow_scale_file(self) -> None:
+        """`assay scale runs/NAME N` writes the width the run should have; it is read before each rollout."""
+        try:
+            text = (self.run_dir / SCALE_FILE).read_text().strip()
+        except FileNotFoundError:
+            return
+        if not text.isdigit() or int(text) < 1:
+            return  # a file being written, or nonsense: the width stays (assay scale checks what it writes)
+        if int(text) != len(self.actors):
+            self.resize(int(text))
+            self.totals["resized_to"] = len(self.actors)
+
     def rollout(self, tasks: Sequence[Task], step: int, attempt: int) -> list[Trajectory]:
+        self._follow_scale_file()
         self._check_updates()
         n = len(self.actors)
         bounds = [len(tasks) * i // n for i in range(n + 1)]

@@ -1,13 +1,13 @@
 """The rollout worker as a process of its own: generation, tool calls and verification run beside the
-trainer instead of sharing its interpreter, so on two cores both really run at once.
+trainer instead of sharing its interpreter, so each can have cores of its own.
 
 The worker holds its own copy of the policy, the run's environments and a rollout backend. The
 trainer's process talks to it through two queues: weights under a version number (tensors travel
 through shared memory), and rollout requests answered with scored trajectories. The worker samples
 exactly what the in-process rollout would (same tasks, seeds and thread count), so the pipeline's
-schedule, not the placement, decides the run. A worker that dies is reported at the next request
-with its exit code; the run then stops and resumes from its last checkpoint (`assay train --resume`,
-or `--supervise` does it)."""
+schedule, not the placement, decides the run; and because a rollout is a function of its request
+and weights, a worker that dies or hangs is replaced and the request issued again (RolloutWorker).
+`rollout_tasks` is the one rollout every placement calls: the pipeline's own thread too."""
 
 from __future__ import annotations
 
