@@ -134,6 +134,7 @@ class TrainConfig(_Strict):
     selective_logprobs: bool = False
     activation_checkpointing: bool = False  # recompute each layer's activations in backward: memory for time
     lora: LoraConfig = LoraConfig()
+    ranks: int = Field(1, ge=1)  # data-parallel trainer processes on this machine (torch.distributed)
     bf16: bool = False
     checkpoint_every: int = Field(10, gt=0)
     keep_checkpoints: int = Field(2, gt=0)

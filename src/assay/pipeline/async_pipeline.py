@@ -179,7 +179,7 @@ class AsyncPipeline(SyncPipeline):
                     self._seen = step
                     self._lock.notify_all()
                 t0 = time.perf_counter()
-                train_metrics = self.trainer.step(kept, version=step - 1)
+                train_metrics = self.train_step(kept, step - 1)
                 rollout_stats["train_s"] = time.perf_counter() - t0
                 self.monitor(step, everything, stats, metrics, view)
                 record = {**train_metrics, "groups_dropped": dropped,
@@ -203,6 +203,7 @@ class AsyncPipeline(SyncPipeline):
             if metrics is not None:
                 metrics.close()
             self.close_backend(wait_s=30 if completed else 0)  # after a failure, mid-rollout work is not waited for
+            self.close_ranks()
         if rollout.is_alive():
             rollout.join(timeout=60)
 

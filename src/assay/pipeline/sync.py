@@ -22,6 +22,7 @@ from assay.mixer.mixer import DomainMixer
 from assay.mixer.stats import DomainStats
 from assay.pipeline.monitor import LoopholeWatch, log_training
 from assay.pipeline.policy import build_policy, domain_envs
+from assay.pipeline.train_ranks import TrainRanks
 from assay.pipeline.ui import RunView
 from assay.pipeline.worker import rollout_tasks
 from assay.rollout.factory import make_backend
@@ -56,11 +57,15 @@ class SyncPipeline:
         self.cfg = cfg = cfg.model_copy(update={"threads": self.threads})
         atomic_write(run_dir / "config.yaml", dump_config(cfg))
         ref = self._reference_policy() if cfg.train.loss.kl_coef > 0 else None
-        self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature)
+        self.ranks = TrainRanks(cfg, self.model, ref, cfg.train.ranks) if cfg.train.ranks > 1 else None
+        self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature,
+                                   data_parallel=self.ranks is not None)
         self.mixer = DomainMixer(cfg.domains, cfg.mixer, self.envs, seed=cfg.seed)
         if resume:  # with LoRA trainer.pt holds the trainer's model (frozen base and adapters), for exactness
-            self.trainer.load_state_dict({**blob["trainer"], "model": blob["trainer"].get("model")
-                                          or self.model.state_dict()})
+            trainer_state = {**blob["trainer"], "model": blob["trainer"].get("model") or self.model.state_dict()}
+            self.trainer.load_state_dict(trainer_state)
+            if self.ranks:
+                self.ranks.load_state_dict(trainer_state)
             self.mixer.load_state_dict(state["mixer"])
             set_rng_state(blob["rng"])
             self.start_step = state["step"]
@@ -118,7 +123,7 @@ class SyncPipeline:
                 t1 = time.perf_counter()
                 writer.write(everything, step)
                 stats = self.mixer.update(everything)
-                train_metrics = self.trainer.step(kept, version=step - 1)
+                train_metrics = self.train_step(kept, step - 1)
                 self.backend.update_weights(self.trainer.named_weights(), version=step)
                 busy = {"rollout_s": t1 - t0, "train_s": time.perf_counter() - t1}
                 self.monitor(step, everything, stats, metrics, view)
@@ -129,6 +134,18 @@ class SyncPipeline:
                 self.end_step(step, record, stats, train_metrics, metrics, view)
         finally:
             metrics.close()
+            self.close_ranks()
+
+    def train_step(self, batch: list[Trajectory], version: int) -> dict[str, float]:
+        """One trainer step; with `train.ranks` > 1 every rank takes it together."""
+        if self.ranks:
+            self.ranks.step(batch, version)
+        return self.trainer.step(batch, version=version)
+
+    def close_ranks(self) -> None:
+        if self.ranks:
+            self.ranks.close()
+            self.ranks = None
 
     def open_metrics(self, attempt: int) -> MetricsLogger:
         """The run's metrics log; every attempt after the first (a resume, a restart) first marks the

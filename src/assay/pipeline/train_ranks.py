@@ -1,0 +1,137 @@
+"""Data-parallel training over processes on this machine (`train.ranks` > 1). The pipeline's trainer is
+rank 0; ranks 1 .. N-1 are spawned processes, each with a copy of the trainer's model (and of the KL
+reference), joined to rank 0 by a torch.distributed process group (gloo on the CPU, NCCL on CUDA).
+Every step each rank receives the whole batch, computes the advantages and normalizers over all of
+it and the gradient of its share of the samples; the gradients are summed, and every rank takes the
+same optimizer step, so the ranks' weights stay identical (tested) and rank 0's are the run's."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+import os
+import queue
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from assay.core.config import Config
+from assay.core.errors import AssayError
+from assay.core.types import Trajectory
+
+POLL_S = 0.5
+# a collective that waits longer has lost a rank (rank 0 also waits this long for the others to start)
+GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A hash of every tensor's bytes: equal across ranks when their weights are."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _backend(model: torch.nn.Module) -> str:
+    return "nccl" if next(model.parameters()).is_cuda else "gloo"
+
+
+def _serve_rank(rank: int, world: int, init: str, cfg: Config, model: Any, ref: Any, inbox: Any, outbox: Any) -> None:
+    from assay.core.modeling import set_threads
+    from assay.train.trainer import GRPOTrainer
+
+    try:
+        set_threads(cfg.threads)
+        dist.init_process_group(_backend(model), init_method=init, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
+        trainer = GRPOTrainer(model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature, data_parallel=True)
+    except BaseException:
+        outbox.put(("error", traceback.format_exc()))
+        return
+    outbox.put(("ready",))
+    try:
+        while (msg := inbox.get()) is not None:
+            kind, *args = msg
+            if kind == "step":
+                trainer.step(args[0], version=args[1])
+            elif kind == "state":
+                trainer.load_state_dict(args[0])
+            elif kind == "digest":
+                outbox.put(("digest", weights_digest(trainer.model)))
+    except BaseException:
+        outbox.put(("error", traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+class TrainRanks:
+    """Ranks 1 .. world-1 and the process group; create it before rank 0's trainer (which joins it)."""
+
+    def __init__(self, cfg: Config, model: Any, ref: Any, world: int) -> None:
+        if dist.is_initialized():
+            raise AssayError("train.ranks > 1 starts its own process group, but one is already initialized here")
+        ctx = mp.get_context("spawn")
+        self.dir = Path(tempfile.mkdtemp(prefix="assay-ranks-"))
+        init = f"file://{self.dir / 'store'}"
+        self.procs, self.inboxes, self.outboxes = [], [], []
+        for rank in range(1, world):
+            inbox, outbox = ctx.Queue(), ctx.Queue()
+            proc = ctx.Process(target=_serve_rank, name=f"assay-train-rank-{rank}", daemon=True,
+                               args=(rank, world, init, cfg, copy.deepcopy(model), copy.deepcopy(ref), inbox, outbox))
+            proc.start()
+            self.procs.append(proc)
+            self.inboxes.append(inbox)
+            self.outboxes.append(outbox)
+        dist.init_process_group(_backend(model), init_method=init, rank=0, world_size=world, timeout=GROUP_TIMEOUT)
+        for i in range(len(self.procs)):
+            self._receive(i)  # "ready", or why it could not start
+
+    def step(self, batch: list[Trajectory], version: int) -> None:
+        """Hand every other rank the batch; rank 0's own `trainer.step` then runs the step with them."""
+        for i, proc in enumerate(self.procs):
+            if not proc.is_alive():
+                raise AssayError(f"training rank {i + 1} died (exit code {proc.exitcode}); the run stops here: "
+                                 "`assay train --resume runs/NAME` continues from the last checkpoint")
+            self.inboxes[i].put(("step", batch, version))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for inbox in self.inboxes:
+            inbox.put(("state", state))
+
+    def digests(self) -> list[str]:
+        """Each other rank's weights digest (after the steps handed to it)."""
+        for inbox in self.inboxes:
+            inbox.put(("digest",))
+        return [self._receive(i)[1] for i in range(len(self.procs))]
+
+    def _receive(self, i: int) -> tuple[Any, ...]:
+        while True:
+            try:
+                msg = self.outboxes[i].get(timeout=POLL_S)
+            except queue.Empty:
+                if not self.procs[i].is_alive():
+                    raise AssayError(f"training rank {i + 1} exited (code {self.procs[i].exitcode})") from None
+                continue
+            if msg[0] == "error":
+                raise AssayError(f"training rank {i + 1} failed:\n{msg[1]}")
+            return msg
+
+    def close(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for proc in self.procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for f in self.dir.iterdir():
+            os.unlink(f)
+        self.dir.rmdir()

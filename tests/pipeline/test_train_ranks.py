@@ -1,0 +1,32 @@
+"""Data-parallel training in the pipeline: two trainer ranks (gloo, this machine) take the steps of one
+process, up to float rounding, and end every step with identical weights."""
+
+import torch
+from safetensors.torch import load_file
+
+from assay.core.config import load_config
+from assay.pipeline.async_pipeline import make_pipeline
+from assay.pipeline.train_ranks import weights_digest
+
+RUN = ["train.steps=3", "train.checkpoint_every=3", "train.max_refill_rounds=0", "train.lr=1e-2"]
+
+
+def test_two_trainer_ranks_step_as_one_process_and_stay_identical(tiny_config, tmp_path):
+    one = make_pipeline(load_config(tiny_config(name="one"), RUN), tmp_path / "one")
+    start = {k: v.clone() for k, v in one.model.state_dict().items()}
+    one.run()
+    two = make_pipeline(load_config(tiny_config(name="two"), [*RUN, "train.ranks=2"]), tmp_path / "two")
+    real, digests = two.train_step, []
+
+    def step(batch, version):
+        out = real(batch, version)
+        digests.append((weights_digest(two.trainer.model), two.ranks.digests()))
+        return out
+
+    two.train_step = step
+    two.run()
+    assert len(digests) == 3 and all([mine] == others for mine, others in digests)  # rank 1 = rank 0, every step
+    assert two.ranks is None and not torch.distributed.is_initialized()  # closed with the run
+    a, b = (load_file(tmp_path / n / "checkpoints" / "step_3" / "model.safetensors") for n in ("one", "two"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    assert any(not torch.allclose(start[k], a[k], atol=1e-4) for k in a)  # the steps moved the weights
