@@ -98,7 +98,7 @@ class AsyncPipeline(SyncPipeline):
         model = self.policy_model()  # with LoRA, the adapters folded in as they are now
         if self._eval_backend is None:
             self._eval_backend = make_backend(self.cfg.rollout, model, self.tokenizer)
-        self._eval_backend.update_weights([], version=self._trained)
+        self._eval_backend.update_weights([], version=self._seen)  # the step just trained (published after)
         return self._eval_backend
 
     def _wait(self, ready: Callable[[], bool], failed: threading.Event) -> None:
