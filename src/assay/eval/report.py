@@ -1,5 +1,6 @@
-"""`assay report`: a self-contained report.html with per-domain training curves as embedded PNGs and
-the last training trajectories to browse."""
+"""`assay report`: a self-contained report.html with the held-out table, a timeline of what the
+rollout and the trainer did when, per-domain training curves as embedded PNGs and the last training
+trajectories to browse."""
 
 from __future__ import annotations
 
@@ -32,6 +33,25 @@ def _img(series: dict[str, list[tuple[int, float]]], title: str, colors: dict[st
     if len(series) > 1:
         ax.legend(fontsize=7)
     return figure_img(fig, title)
+
+
+def _timeline(records: list[dict[str, Any]]) -> str:
+    """When the rollout and the trainer worked, step by step, on the run's wall clock; with their busy
+    shares (above 100% together where they overlapped). Empty for runs that did not log it."""
+    spans = {w: [(r[f"{w}_start_s"], r[f"{w}_s"]) for r in records if f"{w}_start_s" in r] for w in ("rollout", "train")}
+    if not spans["rollout"] or not spans["train"]:
+        return ""
+    t0 = min(start for w in spans.values() for start, _ in w)
+    wall = max(start + d for w in spans.values() for start, d in w) - t0
+    fig, ax = pyplot().subplots(figsize=(10, 1.8), dpi=90)
+    for row, (worker, color) in enumerate((("rollout", "C0"), ("train", "C1"))):
+        ax.broken_barh([(start - t0, d) for start, d in spans[worker]], (row - 0.4, 0.8), color=color)
+    ax.set_yticks([0, 1], ["rollout", "trainer"])
+    ax.set_xlabel("seconds since the first step began")
+    ax.set_title("what each worker did when")
+    busy = {w: sum(d for _, d in spans[w]) / max(wall, 1e-9) for w in spans}
+    return (f"<h2>Timeline</h2>{figure_img(fig, 'timeline')}<p>Over {wall:.0f} s: rollout busy "
+            f"{busy['rollout']:.0%}, trainer busy {busy['train']:.0%}.</p>")
 
 
 def _ci(e: dict[str, float]) -> str:
@@ -69,6 +89,7 @@ def write_report(run_dir: Path) -> Path:
     summary = run_dir / "summary.json"
     if summary.is_file():
         sections.append(_summary(json.loads(summary.read_text())))
+    sections.append(_timeline(records))
     sections.append("<h2>Per domain</h2>")
     colors: dict[str, str] = {}
     sections += [_img(per_key[k], title, colors) for k, title in PANELS if per_key.get(k)]

@@ -130,11 +130,11 @@ class AsyncPipeline(SyncPipeline):
                     self._lock.notify_all()
                 if weights is not None:
                     self.backend.update_weights(weights, version=version)
-                t0 = time.perf_counter()
+                t0 = time.time()
                 everything, kept, dropped = self.collect_batch(step, tasks)
                 take = getattr(self.backend, "take_stats", None)
                 stats = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
-                stats["rollout_s"] = time.perf_counter() - t0
+                stats.update(rollout_start_s=t0, rollout_s=time.time() - t0)
                 with self._lock:
                     self._ready[step] = (version, everything, kept, dropped, stats)
                     self._lock.notify_all()
@@ -178,9 +178,9 @@ class AsyncPipeline(SyncPipeline):
                     stats = self.mixer.update(everything)
                     self._seen = step
                     self._lock.notify_all()
-                t0 = time.perf_counter()
+                t0 = time.time()
                 train_metrics = self.train_step(kept, step - 1)
-                rollout_stats["train_s"] = time.perf_counter() - t0
+                rollout_stats.update(train_start_s=t0, train_s=time.time() - t0)
                 self.monitor(step, everything, stats, metrics, view)
                 record = {**train_metrics, "groups_dropped": dropped,
                           "sampled": len(everything), "staleness": step - 1 - version, **stats.metrics(),

@@ -118,14 +118,15 @@ class SyncPipeline:
         metrics = self.open_metrics(writer.attempt)
         try:
             for step in range(self.start_step + 1, cfg.train.steps + 1):
-                t0 = time.perf_counter()
+                t0 = time.time()
                 everything, kept, dropped = self.collect_batch(step)
-                t1 = time.perf_counter()
+                t1 = time.time()
                 writer.write(everything, step)
                 stats = self.mixer.update(everything)
                 train_metrics = self.train_step(kept, step - 1)
                 self.backend.update_weights(self.trainer.named_weights(), version=step)
-                busy = {"rollout_s": t1 - t0, "train_s": time.perf_counter() - t1}
+                # what each worker did when (wall-clock seconds): `assay report` draws the timeline
+                busy = {"rollout_start_s": t0, "rollout_s": t1 - t0, "train_start_s": t1, "train_s": time.time() - t1}
                 self.monitor(step, everything, stats, metrics, view)
                 take = getattr(self.backend, "take_stats", None)  # the native engine's counters
                 rollout = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
