@@ -82,6 +82,7 @@ def start_ray(cfg: Config, run_dir: Path) -> bool:
         return False
     r = cfg.pipeline.ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local cluster for one run, on this machine only
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # Ray would otherwise report usage over the network
     if r.address:
         ray.init(address=r.address, log_to_driver=False, configure_logging=False)
         return True
