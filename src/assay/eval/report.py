@@ -45,7 +45,8 @@ def _timeline(records: list[dict[str, Any]]) -> str:
     wall = max(start + d for w in spans.values() for start, d in w) - t0
     fig, ax = pyplot().subplots(figsize=(10, 1.8), dpi=90)
     for row, (worker, color) in enumerate((("rollout", "C0"), ("train", "C1"))):
-        ax.broken_barh([(start - t0, d) for start, d in spans[worker]], (row - 0.4, 0.8), color=color)
+        ax.broken_barh([(start - t0, d) for start, d in spans[worker]], (row - 0.4, 0.8), facecolor=color,
+                       edgecolor="white", linewidth=1)  # a gap between steps
     ax.set_yticks([0, 1], ["rollout", "trainer"])
     ax.set_xlabel("seconds since the first step began")
     ax.set_title("what each worker did when")

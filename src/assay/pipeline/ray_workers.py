@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -72,27 +73,28 @@ class _RolloutActor:
         return trajs, take() if callable(take) else {}
 
 
-def start_ray(cfg: Config, run_dir: Path) -> bool:
+def start_ray(cfg: Config, run_dir: Path) -> tuple[bool, Path | None]:
     """Join `pipeline.ray.address`, or start a local cluster whose files live under the run directory
     (or, when that path is too long for Ray's sockets, a temporary directory), with no dashboard.
-    False when Ray was already initialized (by the caller, who then also shuts it down)."""
+    Returns whether it started Ray (False when the caller had, and then shuts it down) and the
+    temporary directory to remove after shutdown, if one was made."""
     import ray
 
     if ray.is_initialized():
-        return False
+        return False, None
     r = cfg.pipeline.ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local cluster for one run, on this machine only
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # Ray would otherwise report usage over the network
     if r.address:
         ray.init(address=r.address, log_to_driver=False, configure_logging=False)
-        return True
-    temp = run_dir.resolve() / "ray"
+        return True, None
+    temp, made = run_dir.resolve() / "ray", None
     if len(str(temp)) > MAX_TEMP_DIR:
-        temp = Path(tempfile.mkdtemp(prefix="assay-ray-"))
+        temp = made = Path(tempfile.mkdtemp(prefix="assay-ray-"))
     temp.mkdir(parents=True, exist_ok=True)
     ray.init(num_cpus=r.num_cpus, include_dashboard=False, _temp_dir=str(temp), log_to_driver=False,
              configure_logging=False)
-    return True
+    return True, made
 
 
 class RayRollout:
@@ -103,7 +105,7 @@ class RayRollout:
             import ray
         except ImportError:
             raise AssayError("pipeline.workers: ray needs Ray: pip install -e '.[ray]'") from None
-        self.started = start_ray(cfg, run_dir)
+        self.started, self.temp = start_ray(cfg, run_dir)
         self.ray, self.cfg, self.run_dir = ray, cfg, run_dir
         self.actors: list[Any] = []
         self.closed = False
@@ -245,3 +247,5 @@ class RayRollout:
             self.ray.kill(actor, no_restart=True)
         if self.started:
             self.ray.shutdown()
+            if self.temp:
+                shutil.rmtree(self.temp, ignore_errors=True)
