@@ -16,8 +16,9 @@ pytest.importorskip("peft")
 LORA = ["train.lora.rank=4", "train.lora.alpha=8", "train.lr=1e-2", "train.max_refill_rounds=0"]
 
 
-@pytest.mark.parametrize("extra", [[], ["train.selective_logprobs=true", "pipeline.mode=async"]],
-                         ids=["sync", "async-selective"])
+@pytest.mark.parametrize("extra", [[], ["train.selective_logprobs=true", "pipeline.mode=async"],
+                                   ["pipeline.mode=async", "pipeline.workers=process", "train.ranks=2"]],
+                         ids=["sync", "async-selective", "process-worker-two-ranks"])
 def test_only_the_adapters_train_and_the_engine_runs_them_folded_in(tiny_config, tmp_path, extra):
     cfg = load_config(tiny_config(name="lora"), [*LORA, "train.steps=3", *extra])
     pipeline = make_pipeline(cfg, tmp_path / "lora")
