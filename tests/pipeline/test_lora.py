@@ -30,9 +30,11 @@ def test_only_the_adapters_train_and_the_engine_runs_them_folded_in(tiny_config,
     assert folded.keys() == base.keys()  # the plain model's names
     changed = {n for n in base if not torch.equal(base[n], folded[n])}
     assert changed and all(n.endswith("_proj.weight") for n in changed)  # the adapted projections only
-    # the plain model holds exactly the folded weights, and they compute what the peft model computes
-    engine_weights = pipeline.policy_model().state_dict()
-    assert all(torch.equal(engine_weights[n], folded[n]) for n in folded)
+    if not extra:  # sync: the engine runs the plain model, which the loop's weight sync left folded
+        engine_weights = pipeline.plain.state_dict()
+        assert all(torch.equal(engine_weights[n], folded[n]) for n in folded)
+    # the folded plain model computes what the peft model computes
+    pipeline.policy_model()
     ids = torch.tensor([[5, 17, 42, 8, 99, 3]])
     with torch.no_grad():
         assert torch.allclose(pipeline.model(input_ids=ids).logits, pipeline.plain(input_ids=ids).logits, atol=1e-5)
@@ -58,4 +60,7 @@ def test_unknown_target_modules_are_refused_with_the_model_s_linear_layers(tiny_
     cfg = load_config(tiny_config(name="bad"), ["train.lora.rank=4", "train.lora.target_modules=[qkv]"])
     with pytest.raises(ConfigError, match=r"no module named \['qkv'\].*q_proj"):
         make_pipeline(cfg, tmp_path / "bad")
+    tied = load_config(tiny_config(name="tied"), ["train.lora.rank=4", "train.lora.target_modules=[q_proj,lm_head]"])
+    with pytest.raises(ConfigError, match="ties its output head"):
+        make_pipeline(tied, tmp_path / "tied")
     assert LoraConfig().rank == 0  # off by default

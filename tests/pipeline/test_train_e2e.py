@@ -46,7 +46,8 @@ def test_train_writes_a_complete_run_directory(tiny_config, tmp_path):
     page = (run / "report.html").read_text()
     assert "data:image/png;base64" in page
     assert "<h2>Timeline</h2>" in page and "rollout busy" in page and "trainer busy" in page
-    assert all(r["rollout_start_s"] + r["rollout_s"] <= r["train_start_s"] + 1e-3 for r in train)  # sync: one, then the other
+    # sync: each step's rollout begins after the previous step's training ended
+    assert all(b["rollout_start_s"] >= a["train_start_s"] + a["train_s"] - 1e-3 for a, b in zip(train, train[1:], strict=False))
     assert f"Training trajectories ({len(df)})" in page and page.count("<details class=traj>") == len(df)
 
 

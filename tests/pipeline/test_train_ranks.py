@@ -30,3 +30,23 @@ def test_two_trainer_ranks_step_as_one_process_and_stay_identical(tiny_config, t
     a, b = (load_file(tmp_path / n / "checkpoints" / "step_3" / "model.safetensors") for n in ("one", "two"))
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     assert any(not torch.allclose(start[k], a[k], atol=1e-4) for k in a)  # the steps moved the weights
+
+
+def test_a_run_with_two_ranks_resumes_exactly_and_each_rank_gets_its_own_optimizer_state(tiny_config, tmp_path):
+    on = ["train.max_refill_rounds=0", "train.lr=1e-2", "train.ranks=2", "train.checkpoint_every=3"]
+    make_pipeline(load_config(tiny_config(name="straight"), on), tmp_path / "straight").run()
+    make_pipeline(load_config(tiny_config(name="half"), [*on, "train.steps=3"]), tmp_path / "half").run()
+    resumed = make_pipeline(load_config(tmp_path / "half" / "config.yaml", ["train.steps=6"]), tmp_path / "half",
+                            resume=True)
+    real, digests = resumed.train_step, []
+
+    def step(batch, version):
+        out = real(batch, version)
+        digests.append((weights_digest(resumed.trainer.model), resumed.ranks.digests()))
+        return out
+
+    resumed.train_step = step
+    resumed.run()
+    assert len(digests) == 3 and all([mine] == others for mine, others in digests)
+    a, b = (load_file(tmp_path / n / "checkpoints" / "step_6" / "model.safetensors") for n in ("straight", "half"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # shared optimizer moments would have stepped twice

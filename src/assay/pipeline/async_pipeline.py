@@ -52,6 +52,7 @@ class AsyncPipeline(SyncPipeline):
         ahead = list(self._ahead(self.start_step))
         if sorted(self._ready) != ahead[:len(self._ready)]:  # a prefix: a finished run resumed for more steps
             self.close_backend()
+            self.close_ranks()
             raise ConfigError(f"the checkpoint of step {self.start_step} holds the batches sampled ahead of it for "
                               f"steps {sorted(self._ready)}, which pipeline.max_staleness "
                               f"{cfg.pipeline.max_staleness} and train.steps {cfg.train.steps} do not continue; "
@@ -130,11 +131,11 @@ class AsyncPipeline(SyncPipeline):
                     self._lock.notify_all()
                 if weights is not None:
                     self.backend.update_weights(weights, version=version)
-                t0 = time.time()
+                t0, c0 = time.time(), time.perf_counter()
                 everything, kept, dropped = self.collect_batch(step, tasks)
                 take = getattr(self.backend, "take_stats", None)
                 stats = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
-                stats.update(rollout_start_s=t0, rollout_s=time.time() - t0)
+                stats.update(rollout_start_s=t0, rollout_s=time.perf_counter() - c0)
                 with self._lock:
                     self._ready[step] = (version, everything, kept, dropped, stats)
                     self._lock.notify_all()
@@ -178,9 +179,9 @@ class AsyncPipeline(SyncPipeline):
                     stats = self.mixer.update(everything)
                     self._seen = step
                     self._lock.notify_all()
-                t0 = time.time()
+                t0, c0 = time.time(), time.perf_counter()
                 train_metrics = self.train_step(kept, step - 1)
-                rollout_stats.update(train_start_s=t0, train_s=time.time() - t0)
+                rollout_stats.update(train_start_s=t0, train_s=time.perf_counter() - c0)
                 self.monitor(step, everything, stats, metrics, view)
                 record = {**train_metrics, "groups_dropped": dropped,
                           "sampled": len(everything), "staleness": step - 1 - version, **stats.metrics(),

@@ -32,6 +32,7 @@ from assay.pipeline.worker import POLL_S, copies, rollout_tasks
 # Ray's session directory holds Unix sockets, whose paths the kernel caps at 107 bytes
 MAX_TEMP_DIR = 60
 SCALE_FILE = "rollout_workers"  # in the run directory: the number of rollout actors wanted now
+RESIZE_WAIT_S = 120.0  # actors added mid-run that have not started by then cannot be placed
 
 
 def request_scale(run_dir: Path, n: int) -> None:
@@ -105,6 +106,7 @@ class RayRollout:
             import ray
         except ImportError:
             raise AssayError("pipeline.workers: ray needs Ray: pip install -e '.[ray]'") from None
+        (run_dir / SCALE_FILE).unlink(missing_ok=True)  # a width asked of an earlier attempt is not this one's
         self.started, self.temp = start_ray(cfg, run_dir)
         self.ray, self.cfg, self.run_dir = ray, cfg, run_dir
         self.actors: list[Any] = []
@@ -128,10 +130,13 @@ class RayRollout:
         model, tokenizer, envs = self.refs
         return self.actor_class.remote(self.cfg, model, tokenizer, envs, self.weights, self.version)
 
-    def _started(self, actors: list[Any]) -> None:
+    def _started(self, actors: list[Any], timeout_s: float | None = None) -> None:
         """Wait until the actors serve; one that could not start is an error now, not a death later."""
         try:
-            self.ray.get([a.pid.remote() for a in actors])
+            self.ray.get([a.pid.remote() for a in actors], timeout=timeout_s)
+        except self.ray.exceptions.GetTimeoutError:
+            raise AssayError(f"rollout workers (Ray actors) did not start within {timeout_s:.0f} s: the cluster "
+                             "cannot place them (pipeline.ray.rollout_cpus, rollout_gpus)") from None
         except self.ray.exceptions.RayError as e:
             raise AssayError(f"a rollout worker (Ray actor) could not start: {e}\ndefine the environments in an "
                              "importable module, or set pipeline.workers: process") from None
@@ -167,7 +172,12 @@ class RayRollout:
             raise AssayError(f"rollout workers: need at least one, got {n}")
         if n > len(self.actors):
             added = [self._new_actor() for _ in range(n - len(self.actors))]
-            self._started(added)
+            try:
+                self._started(added, timeout_s=RESIZE_WAIT_S)
+            except AssayError:
+                for actor in added:
+                    self.ray.kill(actor, no_restart=True)
+                raise
             self.actors += added
         for actor in self.actors[n:]:
             self.ray.kill(actor, no_restart=True)
@@ -182,7 +192,10 @@ class RayRollout:
         if not text.isdigit() or int(text) < 1:
             return  # a file being written, or nonsense: the width stays (assay scale checks what it writes)
         if int(text) != len(self.actors):
-            self.resize(int(text))
+            try:
+                self.resize(int(text))
+            except AssayError:  # more than the cluster can place: the run goes on at the width it has
+                self.totals["resize_refused"] = int(text)
             self.totals["resized_to"] = len(self.actors)
 
     def rollout(self, tasks: Sequence[Task], step: int, attempt: int) -> list[Trajectory]:

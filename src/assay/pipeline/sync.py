@@ -58,20 +58,24 @@ class SyncPipeline:
         atomic_write(run_dir / "config.yaml", dump_config(cfg))
         ref = self._reference_policy() if cfg.train.loss.kl_coef > 0 else None
         self.ranks = TrainRanks(cfg, self.model, ref, cfg.train.ranks) if cfg.train.ranks > 1 else None
-        self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature,
-                                   data_parallel=self.ranks is not None)
-        self.mixer = DomainMixer(cfg.domains, cfg.mixer, self.envs, seed=cfg.seed)
-        if resume:  # with LoRA trainer.pt holds the trainer's model (frozen base and adapters), for exactness
-            trainer_state = {**blob["trainer"], "model": blob["trainer"].get("model") or self.model.state_dict()}
-            self.trainer.load_state_dict(trainer_state)
-            if self.ranks:
-                self.ranks.load_state_dict(trainer_state)
-            self.mixer.load_state_dict(state["mixer"])
-            set_rng_state(blob["rng"])
-            self.start_step = state["step"]
-            self.resumed = blob
-        self.backend = self.rollout_backend()
-        self.backend.update_weights([], version=self.start_step)
+        try:  # the ranks are processes and a process group: a failure from here on must not leave them
+            self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature,
+                                       data_parallel=self.ranks is not None)
+            self.mixer = DomainMixer(cfg.domains, cfg.mixer, self.envs, seed=cfg.seed)
+            if resume:  # with LoRA trainer.pt holds the trainer's model (frozen base and adapters), for exactness
+                trainer_state = {**blob["trainer"], "model": blob["trainer"].get("model") or self.model.state_dict()}
+                self.trainer.load_state_dict(trainer_state)
+                if self.ranks:
+                    self.ranks.load_state_dict(trainer_state)
+                self.mixer.load_state_dict(state["mixer"])
+                set_rng_state(blob["rng"])
+                self.start_step = state["step"]
+                self.resumed = blob
+            self.backend = self.rollout_backend()
+            self.backend.update_weights([], version=self.start_step)
+        except BaseException:
+            self.close_ranks()
+            raise
         self.qa_store = Path(cfg.eval.qa_store) if cfg.eval.qa_store else run_dir / "envqa"
         self.watch = LoopholeWatch(cfg.eval.loophole_margin)
 
@@ -118,15 +122,16 @@ class SyncPipeline:
         metrics = self.open_metrics(writer.attempt)
         try:
             for step in range(self.start_step + 1, cfg.train.steps + 1):
-                t0 = time.time()
+                t0, c0 = time.time(), time.perf_counter()
                 everything, kept, dropped = self.collect_batch(step)
-                t1 = time.time()
+                t1, c1 = time.time(), time.perf_counter()
                 writer.write(everything, step)
                 stats = self.mixer.update(everything)
                 train_metrics = self.train_step(kept, step - 1)
                 self.backend.update_weights(self.trainer.named_weights(), version=step)
-                # what each worker did when (wall-clock seconds): `assay report` draws the timeline
-                busy = {"rollout_start_s": t0, "rollout_s": t1 - t0, "train_start_s": t1, "train_s": time.time() - t1}
+                # what each worker did when (start: wall clock, duration: monotonic): the report's timeline
+                busy = {"rollout_start_s": t0, "rollout_s": c1 - c0, "train_start_s": t1,
+                        "train_s": time.perf_counter() - c1}
                 self.monitor(step, everything, stats, metrics, view)
                 take = getattr(self.backend, "take_stats", None)  # the native engine's counters
                 rollout = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}

@@ -1,6 +1,7 @@
 """Data-parallel training over processes on this machine (`train.ranks` > 1). The pipeline's trainer is
 rank 0; ranks 1 .. N-1 are spawned processes, each with a copy of the trainer's model (and of the KL
-reference), joined to rank 0 by a torch.distributed process group (gloo on the CPU, NCCL on CUDA).
+reference), joined to rank 0 by a torch.distributed process group (gloo, on the CPU: ranks on GPUs
+need a device each, not built yet).
 Every step each rank receives the whole batch, computes the advantages and normalizers over all of
 it and the gradient of its share of the samples; the gradients are summed, and every rank takes the
 same optimizer step, so the ranks' weights stay identical (tested) and rank 0's are the run's."""
@@ -10,8 +11,9 @@ from __future__ import annotations
 import copy
 import datetime
 import hashlib
-import os
+import io
 import queue
+import shutil
 import tempfile
 import traceback
 from pathlib import Path
@@ -39,17 +41,14 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _backend(model: torch.nn.Module) -> str:
-    return "nccl" if next(model.parameters()).is_cuda else "gloo"
-
-
 def _serve_rank(rank: int, world: int, init: str, cfg: Config, model: Any, ref: Any, inbox: Any, outbox: Any) -> None:
     from assay.core.modeling import set_threads
     from assay.train.trainer import GRPOTrainer
 
+    outbox.put(("started",))  # rank 0 joins the group only once every rank got this far
     try:
         set_threads(cfg.threads)
-        dist.init_process_group(_backend(model), init_method=init, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
         trainer = GRPOTrainer(model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature, data_parallel=True)
     except BaseException:
         outbox.put(("error", traceback.format_exc()))
@@ -60,8 +59,8 @@ def _serve_rank(rank: int, world: int, init: str, cfg: Config, model: Any, ref: 
             kind, *args = msg
             if kind == "step":
                 trainer.step(args[0], version=args[1])
-            elif kind == "state":
-                trainer.load_state_dict(args[0])
+            elif kind == "state":  # bytes, so that no two ranks share the tensors of one optimizer state
+                trainer.load_state_dict(torch.load(io.BytesIO(args[0]), weights_only=False))
             elif kind == "digest":
                 outbox.put(("digest", weights_digest(trainer.model)))
     except BaseException:
@@ -76,21 +75,31 @@ class TrainRanks:
     def __init__(self, cfg: Config, model: Any, ref: Any, world: int) -> None:
         if dist.is_initialized():
             raise AssayError("train.ranks > 1 starts its own process group, but one is already initialized here")
+        if next(model.parameters()).is_cuda:
+            raise AssayError("train.ranks > 1 runs the ranks on this machine's CPU (gloo); on CUDA each rank needs a "
+                             "GPU of its own, which is not built yet: use train.ranks: 1")
         ctx = mp.get_context("spawn")
         self.dir = Path(tempfile.mkdtemp(prefix="assay-ranks-"))
         init = f"file://{self.dir / 'store'}"
         self.procs, self.inboxes, self.outboxes = [], [], []
-        for rank in range(1, world):
-            inbox, outbox = ctx.Queue(), ctx.Queue()
-            proc = ctx.Process(target=_serve_rank, name=f"assay-train-rank-{rank}", daemon=True,
-                               args=(rank, world, init, cfg, copy.deepcopy(model), copy.deepcopy(ref), inbox, outbox))
-            proc.start()
-            self.procs.append(proc)
-            self.inboxes.append(inbox)
-            self.outboxes.append(outbox)
-        dist.init_process_group(_backend(model), init_method=init, rank=0, world_size=world, timeout=GROUP_TIMEOUT)
-        for i in range(len(self.procs)):
-            self._receive(i)  # "ready", or why it could not start
+        try:
+            for rank in range(1, world):
+                inbox, outbox = ctx.Queue(), ctx.Queue()
+                proc = ctx.Process(target=_serve_rank, name=f"assay-train-rank-{rank}", daemon=True,
+                                   args=(rank, world, init, cfg, copy.deepcopy(model), copy.deepcopy(ref), inbox,
+                                         outbox))
+                proc.start()
+                self.procs.append(proc)
+                self.inboxes.append(inbox)
+                self.outboxes.append(outbox)
+            for i in range(len(self.procs)):
+                self._receive(i)  # "started": it unpickled and can join; a rank that died instead is named here
+            dist.init_process_group("gloo", init_method=init, rank=0, world_size=world, timeout=GROUP_TIMEOUT)
+            for i in range(len(self.procs)):
+                self._receive(i)  # "ready", or why it could not build its trainer
+        except BaseException:
+            self.close()
+            raise
 
     def step(self, batch: list[Trajectory], version: int) -> None:
         """Hand every other rank the batch; rank 0's own `trainer.step` then runs the step with them."""
@@ -101,8 +110,10 @@ class TrainRanks:
             self.inboxes[i].put(("step", batch, version))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        buf = io.BytesIO()
+        torch.save(state, buf)
         for inbox in self.inboxes:
-            inbox.put(("state", state))
+            inbox.put(("state", buf.getvalue()))
 
     def digests(self) -> list[str]:
         """Each other rank's weights digest (after the steps handed to it)."""
@@ -126,12 +137,10 @@ class TrainRanks:
         for inbox in self.inboxes:
             inbox.put(None)
         for proc in self.procs:
-            proc.join(timeout=30)
+            proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
         if dist.is_initialized():
             dist.destroy_process_group()
-        for f in self.dir.iterdir():
-            os.unlink(f)
-        self.dir.rmdir()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -22,6 +22,10 @@ def with_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
         from peft import get_peft_model
     except ImportError:
         raise ConfigError("train.lora needs peft: pip install -e '.[lora]'") from None
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    if tied and {"lm_head", "embed_tokens"} & set(cfg.target_modules):
+        raise ConfigError("train.lora.target_modules: this model ties its output head to its embeddings, and an "
+                          "adapter on one of them would not reach the other; leave lm_head and embed_tokens out")
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = sorted(set(cfg.target_modules) - present)
     if missing:
