@@ -60,6 +60,8 @@ def test_unknown_target_modules_are_refused_with_the_model_s_linear_layers(tiny_
     cfg = load_config(tiny_config(name="bad"), ["train.lora.rank=4", "train.lora.target_modules=[qkv]"])
     with pytest.raises(ConfigError, match=r"no module named \['qkv'\].*q_proj"):
         make_pipeline(cfg, tmp_path / "bad")
+    dotted = load_config(tiny_config(name="dotted"), ["train.lora.rank=4", "train.lora.target_modules=[self_attn.q_proj]"])
+    assert make_pipeline(dotted, tmp_path / "dotted").model.peft_config  # a dotted suffix names the module too
     tied = load_config(tiny_config(name="tied"), ["train.lora.rank=4", "train.lora.target_modules=[q_proj,lm_head]"])
     with pytest.raises(ConfigError, match="ties its output head"):
         make_pipeline(tied, tmp_path / "tied")

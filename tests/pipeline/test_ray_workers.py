@@ -75,3 +75,14 @@ def test_a_run_scaled_to_two_actors_splits_each_step_and_replaces_a_killed_one(t
     for step, rows in live.groupby("step"):  # each step's 3 groups once, each whole (no part lost or doubled)
         sizes = rows.groupby(["group_id", "domain"]).size()
         assert len(sizes) == 3 and all(n == group_size[d] for (_, d), n in sizes.items()), (step, sizes)
+
+
+def test_scaling_a_run_that_is_not_on_ray_is_refused(tiny_config, tmp_path):
+    from assay.core.errors import AssayError
+
+    run = tmp_path / "thread"
+    make_pipeline(load_config(tiny_config(name="thread"), ["train.steps=1"]), run)  # writes its config.yaml
+    with pytest.raises(AssayError, match="pipeline.workers: thread; only a run with pipeline.workers: ray"):
+        request_scale(run, 2)
+    with pytest.raises(AssayError, match="not a run directory"):
+        request_scale(tmp_path / "nowhere", 2)

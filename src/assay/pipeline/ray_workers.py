@@ -43,6 +43,12 @@ def request_scale(run_dir: Path, n: int) -> None:
         raise AssayError(f"assay scale: need at least one rollout worker, got {n}")
     if not (run_dir / "config.yaml").is_file():
         raise AssayError(f"{run_dir} is not a run directory (no config.yaml); pass runs/NAME of a running run")
+    from assay.core.config import load_config
+
+    workers = load_config(run_dir / "config.yaml", []).pipeline.workers
+    if workers != "ray":
+        raise AssayError(f"{run_dir} runs its rollout with pipeline.workers: {workers}; only a run with "
+                         "pipeline.workers: ray can change its number of rollout workers")
     atomic_write(run_dir / SCALE_FILE, f"{n}\n")
 
 

@@ -26,8 +26,8 @@ def with_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     if tied and {"lm_head", "embed_tokens"} & set(cfg.target_modules):
         raise ConfigError("train.lora.target_modules: this model ties its output head to its embeddings, and an "
                           "adapter on one of them would not reach the other; leave lm_head and embed_tokens out")
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = sorted(set(cfg.target_modules) - present)
+    names = [name for name, _ in model.named_modules()]
+    missing = sorted(t for t in set(cfg.target_modules) if not any(n == t or n.endswith(f".{t}") for n in names))
     if missing:
         raise ConfigError(f"train.lora.target_modules: the model has no module named {missing}; "
                           f"its linear layers are {sorted(_linear_names(model))}")
