@@ -11,20 +11,26 @@ from assay.pipeline.train_ranks import weights_digest
 RUN = ["train.steps=3", "train.checkpoint_every=3", "train.max_refill_rounds=0", "train.lr=1e-2"]
 
 
+def _run_recording_digests(pipeline) -> list[tuple[str, list[str]]]:
+    """Run it; after every step, rank 0's weights digest beside every other rank's."""
+    real, digests = pipeline.train_step, []
+
+    def step(batch, version):
+        out = real(batch, version)
+        digests.append((weights_digest(pipeline.trainer.model), pipeline.ranks.digests()))
+        return out
+
+    pipeline.train_step = step
+    pipeline.run()
+    return digests
+
+
 def test_two_trainer_ranks_step_as_one_process_and_stay_identical(tiny_config, tmp_path):
     one = make_pipeline(load_config(tiny_config(name="one"), RUN), tmp_path / "one")
     start = {k: v.clone() for k, v in one.model.state_dict().items()}
     one.run()
     two = make_pipeline(load_config(tiny_config(name="two"), [*RUN, "train.ranks=2"]), tmp_path / "two")
-    real, digests = two.train_step, []
-
-    def step(batch, version):
-        out = real(batch, version)
-        digests.append((weights_digest(two.trainer.model), two.ranks.digests()))
-        return out
-
-    two.train_step = step
-    two.run()
+    digests = _run_recording_digests(two)
     assert len(digests) == 3 and all([mine] == others for mine, others in digests)  # rank 1 = rank 0, every step
     assert two.ranks is None and not torch.distributed.is_initialized()  # closed with the run
     a, b = (load_file(tmp_path / n / "checkpoints" / "step_3" / "model.safetensors") for n in ("one", "two"))
@@ -38,15 +44,7 @@ def test_a_run_with_two_ranks_resumes_exactly_and_each_rank_gets_its_own_optimiz
     make_pipeline(load_config(tiny_config(name="half"), [*on, "train.steps=3"]), tmp_path / "half").run()
     resumed = make_pipeline(load_config(tmp_path / "half" / "config.yaml", ["train.steps=6"]), tmp_path / "half",
                             resume=True)
-    real, digests = resumed.train_step, []
-
-    def step(batch, version):
-        out = real(batch, version)
-        digests.append((weights_digest(resumed.trainer.model), resumed.ranks.digests()))
-        return out
-
-    resumed.train_step = step
-    resumed.run()
+    digests = _run_recording_digests(resumed)
     assert len(digests) == 3 and all([mine] == others for mine, others in digests)
     a, b = (load_file(tmp_path / n / "checkpoints" / "step_6" / "model.safetensors") for n in ("straight", "half"))
     assert all(torch.equal(a[k], b[k]) for k in a)  # shared optimizer moments would have stepped twice

@@ -27,7 +27,7 @@ from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
-from assay.pipeline.worker import POLL_S, copies, rollout_tasks
+from assay.pipeline.worker import POLL_S, add_counts, copies, rollout_tasks, take_counts
 
 # Ray's session directory holds Unix sockets, whose paths the kernel caps at 107 bytes
 MAX_TEMP_DIR = 60
@@ -226,8 +226,7 @@ class RayRollout:
                         continue
                     except self.ray.exceptions.RayTaskError as e:
                         raise AssayError(f"rollout worker {i} failed:\n{e}") from None
-                    stats.pop("prefix_hit_rate", None)
-                    self.totals.update(stats)
+                    add_counts(self.totals, stats)
                     done[i] = trajs
                     del pending[i]
                 elif self.timeout_s and time.monotonic() - asked > self.timeout_s:
@@ -255,9 +254,7 @@ class RayRollout:
         return self.ray.get([a.pid.remote() for a in self.actors])
 
     def take_stats(self) -> dict[str, float]:
-        t, self.totals = dict(self.totals), Counter()
-        if "prompt_tokens" in t:
-            t["prefix_hit_rate"] = t.get("cached_prompt_tokens", 0.0) / max(t["prompt_tokens"], 1.0)
+        t, self.totals = take_counts(self.totals), Counter()
         return t
 
     def close(self, wait_s: float = 30) -> None:

@@ -26,8 +26,8 @@ import torch.multiprocessing as mp
 from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Trajectory
+from assay.pipeline.worker import POLL_S
 
-POLL_S = 0.5
 # a collective that waits longer has lost a rank (rank 0 also waits this long for the others to start)
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
 

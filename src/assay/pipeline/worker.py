@@ -27,6 +27,7 @@ from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
+from assay.rollout.base import with_prefix_hit_rate
 
 POLL_S = 0.5  # how often a waiting trainer checks that the worker is still alive
 
@@ -153,15 +154,12 @@ class RolloutWorker:
                 self._replace()
                 self.requests.put(request)
                 asked = time.monotonic()
-        stats.pop("prefix_hit_rate", None)  # a rate, recomputed from the summed counts
-        self.totals.update(stats)
+        add_counts(self.totals, stats)
         return trajs
 
     def take_stats(self) -> dict[str, float]:
         """The worker's engine counters summed since the last call, with the prefix hit rate over them."""
-        t, self.totals = dict(self.totals), Counter()
-        if "prompt_tokens" in t:  # a backend without counters (hf) reports none
-            t["prefix_hit_rate"] = t.get("cached_prompt_tokens", 0.0) / max(t["prompt_tokens"], 1.0)
+        t, self.totals = take_counts(self.totals), Counter()
         return t
 
     def _receive(self, started: bool, asked: float = 0.0) -> tuple[Any, ...]:
@@ -208,6 +206,16 @@ class RolloutWorker:
 
 class _Died(Exception):
     """The worker process is gone (or was killed as hung) while a request waited."""
+
+
+def add_counts(totals: Counter[str], stats: dict[str, float]) -> None:
+    """Add one request's engine counters to a worker's sums (a rate is not summed: take_counts recomputes it)."""
+    totals.update({k: v for k, v in stats.items() if k != "prefix_hit_rate"})
+
+
+def take_counts(totals: Counter[str]) -> dict[str, float]:
+    """A worker's summed counters, with the prefix hit rate over them when its backend counts (hf does not)."""
+    return with_prefix_hit_rate(totals) if "prompt_tokens" in totals else dict(totals)
 
 
 def copies(named_tensors: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:

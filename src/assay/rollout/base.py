@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,6 +51,12 @@ class RolloutBackend(Protocol):
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None: ...
+
+
+def with_prefix_hit_rate(counts: Mapping[str, float]) -> dict[str, float]:
+    """Summed engine counters, with the share of prompt tokens the prefix cache served over them."""
+    rate = counts.get("cached_prompt_tokens", 0.0) / max(counts.get("prompt_tokens", 0.0), 1.0)
+    return {**counts, "prefix_hit_rate": rate}
 
 
 def check_request(r: GenRequest) -> None:

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
-from assay.rollout.base import GenRequest, GenResult, check_request
+from assay.rollout.base import GenRequest, GenResult, check_request, with_prefix_hit_rate
 from assay.rollout.engine.block_manager import BlockManager
 from assay.rollout.engine.model import PagedModel
 from assay.rollout.engine.model_runner import ModelRunner
@@ -176,8 +176,7 @@ class Engine:
         finally:
             for rid in ids:  # after a failure, no block stays held by a sequence nobody will finish
                 self.abort(rid)
-        stats = {k: self.totals[k] - before[k] for k in self.totals}
-        stats["prefix_hit_rate"] = stats.get("cached_prompt_tokens", 0.0) / max(stats.get("prompt_tokens", 0.0), 1.0)
+        stats = with_prefix_hit_rate({k: self.totals[k] - before[k] for k in self.totals})
         stats["draft_proposed"] = float(self.spec_counts["proposed"])
         stats["draft_accepted"] = float(self.spec_counts["accepted"])
         self.spec_counts.clear()
@@ -197,8 +196,7 @@ class Engine:
     def take_stats(self) -> dict[str, float]:
         """Counters summed since the last call (generate time, tokens, prefix-cache hits,
         preemptions, weight-update time), with the prefix hit rate over them; then reset."""
-        t, self.totals = dict(self.totals), Counter()
-        t["prefix_hit_rate"] = t.get("cached_prompt_tokens", 0.0) / max(t.get("prompt_tokens", 0.0), 1.0)
+        t, self.totals = with_prefix_hit_rate(self.totals), Counter()
         return t
 
     # -- internals ------------------------------------------------------------------------------
