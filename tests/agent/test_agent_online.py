@@ -59,7 +59,7 @@ def test_online_episodes_equal_the_lockstep_loop(setup):
     assert len({t.turns for t in toolcalc}) >= 2  # which finished at different turns
 
 
-def test_online_needs_the_engine(setup):
+def test_online_needs_a_backend_that_admits_requests(setup):
     tok, model, envs, domains, tasks = setup
-    with pytest.raises(AssayError, match="native engine"):
+    with pytest.raises(AssayError, match="admits requests while it runs"):
         collect(HFBackend(model, tok), tok, envs, domains, tasks[:1], samples=1, temperature=1.0, online=True)

@@ -13,8 +13,7 @@ from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
-from assay.rollout.base import RolloutBackend, SamplingParams
-from assay.rollout.engine import Engine
+from assay.rollout.base import OnlineBackend, RolloutBackend, SamplingParams
 
 
 def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment], domains: dict[str, DomainConfig],
@@ -41,8 +40,9 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
                                  dom.time_limit_s)
                       for k, task in enumerate(episodes)]
     if online:
-        if not isinstance(backend, Engine):
-            raise AssayError("rollout.online needs the native engine (rollout.backend: engine)")
+        if not isinstance(backend, OnlineBackend):
+            raise AssayError("rollout.online needs a backend that admits requests while it runs "
+                             "(rollout.backend: engine or vllm)")
         flat = run_episodes_online(backend, [j for js in jobs.values() for j in js], tokenizer, policy_version)
         done, start = {}, 0
         for name, js in jobs.items():

@@ -32,8 +32,7 @@ from assay.core.types import (
 )
 from assay.envs.base import Episode
 from assay.envs.episode import close_episode, step_episode
-from assay.rollout.base import GenRequest, GenResult, RolloutBackend, SamplingParams
-from assay.rollout.engine import Engine
+from assay.rollout.base import GenRequest, GenResult, OnlineBackend, RolloutBackend, SamplingParams
 
 VERIFY_WORKERS = 4  # episodes verified at once (a codegen verification is a sandboxed run)
 TOOL_WORKERS = 4  # tool calls run at once while the engine generates (online loop)
@@ -115,7 +114,7 @@ def run_episodes(
 
 
 def run_episodes_online(
-    engine: Engine,
+    engine: OnlineBackend,
     jobs: Sequence[EpisodeJob],
     tokenizer: PreTrainedTokenizerBase,
     policy_version: int = 0,

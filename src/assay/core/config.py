@@ -158,8 +158,16 @@ class SFTConfig(_Strict):
     label_noise: float = Field(0.0, ge=0, lt=1)
 
 
+class VLLMConfig(_Strict):
+    # tokens per KV block (vLLM's CPU attention takes multiples of 32); the cache holds rollout.kv_cache_mb
+    block_size: int = Field(32, gt=0)
+    enforce_eager: bool = True  # no graph capture or compilation: starts in seconds
+
+
 class RolloutConfig(_Strict):
-    backend: Literal["engine", "hf"] = "engine"  # engine: paged KV, prefix cache; hf: transformers generate
+    # engine: Assay's own (paged KV, prefix cache); hf: transformers generate; vllm: vLLM in this process
+    # (the optional extra `pip install -e '.[vllm]'`, prefix caching on, the trainer's weights loaded by version)
+    backend: Literal["engine", "hf", "vllm"] = "engine"
     block_size: int = Field(16, gt=0)  # engine: tokens per KV block
     kv_cache_mb: int = Field(512, gt=0)  # engine: KV cache budget
     max_batched_tokens: int = Field(2048, gt=0)  # engine: tokens computed per step
@@ -169,6 +177,7 @@ class RolloutConfig(_Strict):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
+    vllm: VLLMConfig = VLLMConfig()
 
 
 class RayConfig(_Strict):

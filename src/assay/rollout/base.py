@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -51,6 +51,22 @@ class RolloutBackend(Protocol):
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None: ...
+
+
+ResultCallback = Callable[[int, list[GenResult]], None]
+
+
+@runtime_checkable
+class OnlineBackend(RolloutBackend, Protocol):
+    """A backend that admits requests while it runs (the native engine, vLLM): the online agent loop
+    needs it, so that an episode's next turn joins the running batch."""
+
+    def add_requests(self, requests: Sequence[GenRequest], on_done: ResultCallback | None = None) -> list[int]: ...
+    def add_request(self, request: GenRequest, on_done: ResultCallback | None = None) -> int: ...
+    def step(self) -> list[tuple[int, list[GenResult]]]:
+        """One batched step; the requests that finished in it, with their results."""
+        ...
+    def abort(self, request_id: int) -> None: ...
 
 
 def with_prefix_hit_rate(counts: Mapping[str, float]) -> dict[str, float]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
-from assay.rollout.base import GenRequest, GenResult, check_request, with_prefix_hit_rate
+from assay.rollout.base import GenRequest, GenResult, ResultCallback, check_request, with_prefix_hit_rate
 from assay.rollout.engine.block_manager import BlockManager
 from assay.rollout.engine.model import PagedModel
 from assay.rollout.engine.model_runner import ModelRunner
@@ -42,9 +42,6 @@ class EngineConfig:
     speculative_tokens: int = 0  # prompt-lookup draft length; 0: off
     speculative_max_batch: int = 4  # speculate only while at most this many sequences run
     speculative_ngram: int = 3  # longest n-gram looked up for a draft
-
-
-ResultCallback = Callable[[int, list[GenResult]], None]
 
 
 @dataclass
