@@ -9,9 +9,9 @@ $(PY):
 	python3 -m venv $(VENV)
 
 # Reinstall only when the package's declared dependencies change.
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,ray,lora]'
+	$(PY) -m pip install -q -e '.[dev,ray,lora]' -c constraints.txt
 	touch $(STAMP)
 
 quickstart: $(STAMP)

@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from assay.bench.rollout import QUICK, build_model, _hf_sample
+from assay.bench.rollout import QUICK_MODEL as QUICK, build_model
 from assay.rollout.base import GenRequest, SamplingParams
 from assay.rollout.engine.engine import Engine, EngineConfig
 

@@ -445,29 +445,54 @@ def bench_sandbox(seconds: Annotated[float, typer.Option(help="measuring time pe
 
 @bench_app.command("rollout")
 def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, the same for every backend")] = "float32",
-                  threads: Annotated[int, typer.Option(help="torch threads (0: torch's default)")] = 0,
-                  hf_paged: Annotated[bool, typer.Option(help="also time transformers' paged generate_batch")] = True,
+                  threads: Annotated[int, typer.Option(help="torch threads in every process (0: torch's default)")] = 0,
+                  rounds: Annotated[int, typer.Option(help="runs of each backend on each workload, alternated")] = 3,
+                  backends: Annotated[str, typer.Option(
+                      help="comma-separated: hf, engine, vllm-32, vllm-128 (vLLM with KV blocks of 32 or 128 "
+                           "tokens); vLLM rows are added when it is installed or --vllm-python is given")] = "hf,engine",
+                  vllm_python: Annotated[str | None, typer.Option(
+                      help="an interpreter whose environment has vLLM and Assay (vLLM in an environment of its own)"
+                  )] = None,
                   quick: Annotated[bool, typer.Option(help="a tiny model and workload: a smoke test, not a measurement")] = False,
                   out: Annotated[Path | None, typer.Option(help="also write the rows as JSON here")] = None,
                   device: Annotated[str, typer.Option(help="cpu or cuda[:N], the same for every backend")] = "cpu"
                   ) -> None:
-    """The native engine beside Hugging Face generate: GRPO groups and multi-turn sessions."""
+    """The native engine beside HF generate and vLLM: GRPO groups and multi-turn sessions, a process per run."""
+    import importlib.util
     import json
+    from dataclasses import asdict
 
-    import torch
-
-    from assay.bench.rollout import QUICK, Shape, run_rollout_bench, table
+    from assay.bench.rollout import (
+        BACKENDS,
+        QUICK_MODEL,
+        QUICK_WORKLOADS,
+        WORKLOADS,
+        ModelShape,
+        Settings,
+        run_rollout_bench,
+        summarize,
+        table,
+    )
     from assay.core.errors import ConfigError
 
     if dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
-    if threads > 0:
-        torch.set_num_threads(threads)
-    rows, meta = run_rollout_bench(QUICK if quick else Shape(), dtype=dtype, hf_paged=hf_paged, device=device)
-    print(table(rows, meta))
+    chosen = [b.strip() for b in backends.split(",") if b.strip()]
+    if unknown := [b for b in chosen if b not in BACKENDS]:
+        raise ConfigError(f"--backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
+    if vllm_python is not None and not Path(vllm_python).is_file():
+        raise ConfigError(f"--vllm-python {vllm_python}: no such interpreter; give the python of the environment "
+                          "where vLLM and Assay are installed")
+    if (vllm_python or importlib.util.find_spec("vllm")) and not any(b.startswith("vllm") for b in chosen):
+        chosen += ["vllm-32", "vllm-128"]
+    settings = Settings(model=QUICK_MODEL if quick else ModelShape(), dtype=dtype, device=device, threads=threads,
+                        kv_cache_mb=64 if quick else 2048)
+    python = {b: vllm_python for b in chosen if b.startswith("vllm") and vllm_python}
+    rows = run_rollout_bench(settings, QUICK_WORKLOADS if quick else WORKLOADS, chosen, rounds, python)
+    print(table(rows, settings))
     if out is not None:
-        out.write_text(json.dumps({"meta": meta, "rows": [{**vars(r), "tokens_per_s": r.tokens_per_s} for r in rows]},
-                                  indent=1))
+        out.write_text(json.dumps({"settings": asdict(settings), "summary": summarize(rows),
+                                   "rows": [{**vars(r), "tokens_per_s": r.tokens_per_s} for r in rows]}, indent=1))
 
 
 @bench_app.command("agent")

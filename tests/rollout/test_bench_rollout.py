@@ -1,17 +1,36 @@
-"""`assay bench rollout` on a tiny model: every row is produced and the engine's own counters hold
-(a smoke test of the harness; speed is read from the real benchmark, never asserted here)."""
+"""`assay bench rollout` on a tiny model: every row is produced, each in a process of its own, and the
+engine's own counters hold (a smoke test of the harness; speed is read from the real benchmark, never
+asserted here)."""
 
-from assay.bench.rollout import QUICK, run_rollout_bench, table
+from assay.bench.rollout import QUICK_MODEL, QUICK_WORKLOADS, Settings, run_rollout_bench, summarize, table
 
 
-def test_bench_rollout_reports_every_workload_and_the_group_hit_rate():
-    rows, meta = run_rollout_bench(QUICK, hf_paged=False)
+def test_bench_rollout_alternates_fresh_processes_and_reports_every_workload():
+    settings = Settings(model=QUICK_MODEL, kv_cache_mb=16, threads=1)
+    rows = run_rollout_bench(settings, QUICK_WORKLOADS, ("hf", "engine"), rounds=2, echo=False)
+    grpo, turns = (w.name for w in QUICK_WORKLOADS)
+    # the second round starts with the other backend
     assert [(r.workload, r.backend) for r in rows] == [
-        ("a: GRPO", "HF generate"), ("a: GRPO", "assay engine"),
-        ("b: multi-turn", "HF generate"), ("b: multi-turn", "assay engine")]
-    assert all(r.tokens > 0 and r.seconds > 0 for r in rows)
-    grpo = rows[1]
-    assert grpo.hit_rate >= (QUICK.group - 1) / QUICK.group  # every sample after the first shares the prompt
-    assert rows[3].hit_rate > 0.5  # each turn re-reads its history from the cache
-    text = table(rows, meta)
-    assert "× HF generate" in text and "assay engine" in text
+        (grpo, "hf"), (grpo, "engine"), (turns, "hf"), (turns, "engine"),
+        (grpo, "engine"), (grpo, "hf"), (turns, "engine"), (turns, "hf")]
+    w = QUICK_WORKLOADS[0]
+    for r in rows:
+        assert r.seconds > 0 and r.peak_rss_mb > 0 and not r.note
+        if r.workload == grpo:  # every sample runs to its limit on every backend: the same work
+            assert r.tokens == w.prompts * w.group * w.max_tokens
+    engine_grpo = next(r for r in rows if r.workload == grpo and r.backend == "engine")
+    assert engine_grpo.hit_rate >= (w.group - 1) / w.group  # every sample after the first shares the prompt
+    engine_turns = next(r for r in rows if r.workload == turns and r.backend == "engine")
+    assert engine_turns.hit_rate > 0.5  # each turn re-reads its history from the cache
+    summary = {(s["workload"], s["backend"]): s for s in summarize(rows)}
+    assert summary[(grpo, "hf")]["x_hf"] == 1.0 and summary[(grpo, "engine")]["runs"] == 2
+    text = table(rows, settings)
+    assert "× HF" in text and "assay engine" in text
+
+
+def test_a_backend_that_fails_is_a_row_naming_the_error():
+    rows = run_rollout_bench(Settings(model=QUICK_MODEL, kv_cache_mb=16), QUICK_WORKLOADS[:1], ("warp-drive",),
+                             echo=False)
+    assert rows[0].tokens == 0 and "unknown backend 'warp-drive'" in rows[0].note
+    summary = summarize(rows)
+    assert "runs" not in summary[0] and summary[0]["note"] == rows[0].note

@@ -9,6 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 from torch import Tensor
 
 from assay.core.errors import AssayError
+from assay.core.tokenizer import stop_token_ids
 
 
 @dataclass
@@ -73,6 +74,15 @@ def with_prefix_hit_rate(counts: Mapping[str, float]) -> dict[str, float]:
     """Summed engine counters, with the share of prompt tokens the prefix cache served over them."""
     rate = counts.get("cached_prompt_tokens", 0.0) / max(counts.get("prompt_tokens", 0.0), 1.0)
     return {**counts, "prefix_hit_rate": rate}
+
+
+def default_stop(model: Any, tokenizer: Any | None) -> list[int]:
+    """Where a request without stop ids stops: the tokenizer's turn end and end of text, or without a
+    tokenizer (token ids only) the model's own eos."""
+    if tokenizer is not None:
+        return stop_token_ids(tokenizer)
+    eos = model.generation_config.eos_token_id if model.generation_config else None
+    return [eos] if isinstance(eos, int) else list(eos or [])
 
 
 def check_request(r: GenRequest) -> None:

@@ -31,12 +31,12 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from assay.core.errors import AssayError
-from assay.core.tokenizer import stop_token_ids
 from assay.rollout.base import (
     GenRequest,
     GenResult,
     ResultCallback,
     check_request,
+    default_stop,
     stop_string_end,
     with_prefix_hit_rate,
 )
@@ -66,13 +66,13 @@ class _Request:
 
 
 class VLLMBackend:
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, block_size: int = 32,
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, block_size: int = 32,
                  kv_cache_bytes: int = 512 * 2**20, enforce_eager: bool = True, seed: int = 0) -> None:
         vllm = _import_vllm()
         self._vllm = vllm
         self.tokenizer = tokenizer
         self.version = 0
-        self.default_stop = stop_token_ids(tokenizer)
+        self.default_stop = default_stop(model, tokenizer)
         self.max_len = int(model.config.max_position_embeddings)
         self.vocab = int(model.config.vocab_size)
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))

@@ -96,7 +96,10 @@ class GRPOTrainer:
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
         if cfg.activation_checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:  # transformers before 5.20 (the version vLLM's CPU build takes) has only the older name
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
         self.steps = 0  # optimizer steps taken

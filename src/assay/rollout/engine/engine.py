@@ -21,8 +21,14 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from assay.core.errors import AssayError
-from assay.core.tokenizer import stop_token_ids
-from assay.rollout.base import GenRequest, GenResult, ResultCallback, check_request, with_prefix_hit_rate
+from assay.rollout.base import (
+    GenRequest,
+    GenResult,
+    ResultCallback,
+    check_request,
+    default_stop,
+    with_prefix_hit_rate,
+)
 from assay.rollout.engine.block_manager import BlockManager
 from assay.rollout.engine.model import PagedModel
 from assay.rollout.engine.model_runner import ModelRunner
@@ -71,7 +77,7 @@ class Engine:
         self.sched = Scheduler(self.blocks, cfg.max_batched_tokens, cfg.max_seqs)
         self.tokenizer = tokenizer
         self.version = 0
-        self.default_stop = _default_stop(model, tokenizer)
+        self.default_stop = default_stop(model, tokenizer)
         self.last_stats: dict[str, float] = {}  # of the last generate call
         self.totals: Counter[str] = Counter()  # summed over steps until take_stats
         self.spec_counts: Counter[str] = Counter()  # draft tokens proposed and accepted
@@ -343,10 +349,3 @@ class Engine:
         if len(seq.completion) >= seq.params.max_tokens or len(seq.tokens) >= self.model.max_positions:
             return "length"
         return ""
-
-
-def _default_stop(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> list[int]:
-    if tokenizer is not None:
-        return stop_token_ids(tokenizer)
-    eos = model.generation_config.eos_token_id if model.generation_config else None
-    return [eos] if isinstance(eos, int) else list(eos or [])
