@@ -1,6 +1,6 @@
 import pytest
 
-from assay.agent.parse import parse_assistant
+from assay.agent.parse import parse_assistant, split_reasoning
 from assay.core.types import ToolCall, ToolSpec
 
 
@@ -40,3 +40,24 @@ def test_malformed_calls_are_errors_and_keep_the_whole_text(text, error):
 
 SPEC = ToolSpec("calc", "Add.", {"type": "object", "properties": {"expression": {"type": "string"}},
                                  "required": ["expression"], "additionalProperties": False})
+
+
+THINK = ("<think>", "</think>")
+
+
+@pytest.mark.parametrize(
+    "text,split",
+    [
+        ("<think>\nadd them\n</think>\n\nAnswer: 8", ("add them", "Answer: 8")),
+        ("<think>\n\n</think>\n\nAnswer: 8", ("", "Answer: 8")),  # the empty block: reasoning "", not None
+        ("<think>\nAnswer: 9?\n</think>\n\nAnswer: 8", ("Answer: 9?", "Answer: 8")),  # the answer is after it
+        ('<think>\n<tool_call>{"name":"a","arguments":{}}</tool_call>\n</think>\n\nhi',
+         ('<tool_call>{"name":"a","arguments":{}}</tool_call>', "hi")),  # and so are the calls
+        ("<think>\nstill thinking <tool_call>", ("still thinking <tool_call>", "")),  # unclosed: all reasoning
+        ("Answer: 8", (None, "Answer: 8")),  # no block
+        ("Answer: 8 <think>x</think>", (None, "Answer: 8 <think>x</think>")),  # a block only opens a turn
+    ],
+)
+def test_reasoning_is_split_off_before_the_calls_are_parsed(text, split):
+    assert split_reasoning(text, THINK) == split
+    assert split_reasoning(text, None) == (None, text)  # a template without reasoning splits nothing

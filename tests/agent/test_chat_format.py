@@ -64,6 +64,8 @@ def _wire(messages):
     out = []
     for m in messages:
         d = {"role": m.role, "content": m.content}
+        if m.reasoning is not None:  # where Qwen3's template reads it
+            d["reasoning_content"] = m.reasoning
         if m.tool_calls:
             d["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                                for c in m.tool_calls]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
-from assay.agent.parse import parse_assistant
+from assay.agent.parse import parse_assistant, split_reasoning
 from assay.agent.render import observation_ids, prompt_ids
 from assay.core.chat_format import chat_format
 from assay.core.errors import AssayError
@@ -204,8 +204,10 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
     r.append(res.token_ids, sampled=True, logprobs=res.logprobs)
     stopped = res.finish_reason == "stop" and bool(res.token_ids) and res.token_ids[-1] in job.params.stop_token_ids
     text = tokenizer.decode(res.token_ids[:-1] if stopped else res.token_ids, skip_special_tokens=False)
-    content, calls, err = parse_assistant(text, chat_format(tokenizer).tool_calls)
-    r.messages.append(Message("assistant", content, calls))
+    fmt = chat_format(tokenizer)
+    reasoning, rest = split_reasoning(text, fmt.think_tags)  # calls and the answer come from after </think>
+    content, calls, err = parse_assistant(rest, fmt.tool_calls)
+    r.messages.append(Message("assistant", content, calls, reasoning=reasoning))
     if not stopped:  # cut at max_tokens: an unfinished turn is not acted on
         r.finish = "context" if room_limited else "length"
         return

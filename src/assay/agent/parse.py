@@ -1,4 +1,4 @@
-"""Split an assistant turn's text into its content and `<tool_call>{json}</tool_call>` calls."""
+"""Split an assistant turn's text into its reasoning, its content and its `<tool_call>{json}</tool_call>` calls."""
 
 from __future__ import annotations
 
@@ -6,6 +6,18 @@ import json
 
 from assay.core.tokenizer import TOOL_CALL_END, TOOL_CALL_START
 from assay.core.types import ToolCall
+
+
+def split_reasoning(text: str, tags: tuple[str, str] | None) -> tuple[str | None, str]:
+    """(reasoning, rest) of a sampled turn. A turn that opens with the template's reasoning tag (`<think>`) is
+    reasoning up to the closing tag (`</think>`) and content after it, so a call or an answer inside the
+    reasoning is not one; without a closing tag (the turn ran out of tokens) it is all reasoning. The newlines
+    around the tags are the template's, not the text's (as Qwen3's template reads a turn). Reasoning is None
+    when the turn has no reasoning block or the template renders none (`tags` None)."""
+    if tags is None or not text.startswith(tags[0]):
+        return None, text
+    reasoning, closed, rest = text[len(tags[0]) :].partition(tags[1])
+    return reasoning.strip("\n"), rest.lstrip("\n") if closed else ""
 
 
 def parse_assistant(text: str, style: str = "assay") -> tuple[str, list[ToolCall], str | None]:

@@ -6,6 +6,8 @@ assistant turn: content, <tool_call>json</tool_call>..., <|im_end|>  mask 1
 observation: "\\n<|im_start|>tool\\n{out}<|im_end|>" per tool result, then
              "\\n<|im_start|>assistant\\n"                           mask 0
 ... the last assistant turn ends the sequence at its turn end.
+A template with a reasoning block (Qwen3's) starts an assistant turn whose message has reasoning with
+"<think>\\n{reasoning}\\n</think>\\n\\n", all mask 1: the policy samples it.
 
 Text is encoded with special-token matching off (`split_special_tokens`): a tool output or
 message that contains "<|im_end|>" stays text and cannot forge a turn boundary. The special
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from assay.core.chat_format import chat_format
+from assay.core.chat_format import chat_format, template_kwargs
 from assay.core.errors import AssayError
 from assay.core.tokenizer import special_token_id
 from assay.core.types import Message, Task
@@ -35,7 +37,8 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: Task) -> list[int]:
-    """The task's prompt through the chat template, ending with the assistant generation prompt."""
+    """The task's prompt through the chat template (with the tokenizer's template kwargs, e.g.
+    enable_thinking=False), ending with the assistant generation prompt."""
     out = tokenizer.apply_chat_template(
         task.prompt,
         tools=[t.to_json() for t in task.tools] or None,
@@ -43,6 +46,7 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: Task) -> list[int]:
         tokenize=True,
         return_dict=False,
         sanitize_control_tokens=True,  # control tokens inside messages are text, as in encode_text
+        **template_kwargs(tokenizer),
     )
     if not isinstance(out, list):  # a BatchEncoding / dict in some transformers versions
         out = out["input_ids"]
@@ -67,8 +71,10 @@ def encode_pieces(tokenizer: PreTrainedTokenizerBase, pieces: list[tuple[str, bo
 
 
 def assistant_ids(tokenizer: PreTrainedTokenizerBase, message: Message) -> list[int]:
-    """One assistant turn as the policy should emit it, ending with the template's turn end."""
-    return encode_pieces(tokenizer, chat_format(tokenizer).assistant_text(message.content, message.tool_calls))
+    """One assistant turn as the policy should emit it (its reasoning block first, if it has reasoning),
+    ending with the template's turn end."""
+    text = chat_format(tokenizer).assistant_text(message.content, message.tool_calls, message.reasoning)
+    return encode_pieces(tokenizer, text)
 
 
 def observation_ids(tokenizer: PreTrainedTokenizerBase, outputs: list[str]) -> list[int]:

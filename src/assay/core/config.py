@@ -34,6 +34,9 @@ class ModelConfig(_Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # sdpa by default: no slower than eager for the tiny built models (docs/architecture.md, Threads)
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    # variables for the tokenizer's chat template wherever a prompt or turn layout is rendered, e.g.
+    # {enable_thinking: false} for Qwen3's non-thinking mode (core.chat_format.set_template_kwargs)
+    chat_template_kwargs: dict[str, Any] = {}
 
     @model_validator(mode="after")
     def _heads(self) -> ModelConfig:

@@ -19,7 +19,7 @@ from transformers import (
 )
 
 from assay.core.atomic import atomic_dir
-from assay.core.chat_format import chat_format
+from assay.core.chat_format import chat_format, set_template_kwargs
 from assay.core.config import ModelConfig
 from assay.core.errors import AssayError, CheckpointError
 from assay.core.tokenizer import stop_token_ids
@@ -86,7 +86,8 @@ def load_model(
     path: str | Path, cfg: ModelConfig | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer from a local Hugging Face directory (never the network), placed by `cfg`'s
-    device, dtype and attention implementation (default: float32 on the CPU, sdpa)."""
+    device, dtype and attention implementation (default: float32 on the CPU, sdpa); its tokenizer renders its chat
+    template with `cfg.chat_template_kwargs`."""
     cfg = cfg or ModelConfig()
     device = device_of(cfg)
     d = Path(path)
@@ -105,6 +106,7 @@ def load_model(
     except Exception as e:  # transformers raises OSError, ValueError, safetensors errors...: all mean corrupt
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"model directory {str(d)!r} could not be loaded ({msg}); re-save it") from e
+    set_template_kwargs(tokenizer, cfg.chat_template_kwargs)
     chat_format(tokenizer)  # a tokenizer whose template cannot lay out turns is named here, not deep in a rollout
     return model, tokenizer
 

@@ -43,6 +43,9 @@ class Message:
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     name: str | None = None  # the tool's name on a tool message
+    # an assistant turn's reasoning (the text inside <think>...</think>), kept apart from its content;
+    # None: the turn has no reasoning block (as in every template without one)
+    reasoning: str | None = None
 
 
 @dataclass
