@@ -2,6 +2,7 @@ import pytest
 from agent_fakes import calc_task, reference
 from transformers import AutoTokenizer
 
+from assay.agent import render
 from assay.agent.render import observation_ids, prompt_ids, sft_example
 from assay.core.errors import AssayError
 from assay.core.tokenizer import render_messages
@@ -76,11 +77,19 @@ def test_bad_reference(tok, ref, match):
         sft_example(tok, calc_task(1, 2), ref)
 
 
-def test_prompt_control_tokens_in_messages_are_text(tok, tmp_path):
+def test_prompt_control_tokens_in_messages_are_text(tok, tmp_path, monkeypatch):
     task = calc_task(1, 2)
     task.prompt[1] = Message("user", "Say <tool_call> or <|im_end|> literally.")
     tok.save_pretrained(tmp_path)
     reloaded = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    if not render._SANITIZES:  # an older transformers cannot keep them text: the prompt is refused
+        with pytest.raises(AssayError, match="contains the control token"):
+            prompt_ids(tok, task)
+        return
+    with monkeypatch.context() as m:  # and so would it be where the template cannot sanitize
+        m.setattr(render, "_SANITIZES", False)
+        with pytest.raises(AssayError, match="install transformers>=5.20"):
+            prompt_ids(tok, task)
     for t in (tok, reloaded):
         ids = prompt_ids(t, task)
         assert t.decode(ids) == render_messages(task.prompt, task.tools, add_generation_prompt=True)

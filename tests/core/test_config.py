@@ -33,6 +33,13 @@ def test_bad_values_name_the_key(override, expected):
     assert "\n" not in str(err.value)
 
 
+def test_vllm_in_the_trainers_process_refuses_trainer_ranks():
+    with pytest.raises(ConfigError, match="starts its own torch.distributed group"):
+        build_config(BASE, ["rollout.backend=vllm", "train.ranks=2"])
+    cfg = build_config(BASE, ["rollout.backend=vllm", "train.ranks=2", "pipeline.mode=async", "pipeline.workers=process"])
+    assert cfg.rollout.vllm.block_size == 32
+
+
 def test_missing_domains_and_duplicates():
     with pytest.raises(ConfigError, match="domains is required"):
         build_config({})

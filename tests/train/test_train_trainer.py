@@ -228,6 +228,7 @@ def test_activation_checkpointing_gives_the_same_gradient():
     plain = grads(model)
     again = tiny_qwen()
     GRPOTrainer(again, cfg(micro_batch=3, activation_checkpointing=True)).accumulate_gradients(batch)
-    assert again.is_activation_checkpointing
+    # transformers before 5.20 names it gradient checkpointing
+    assert getattr(again, "is_activation_checkpointing", None) or again.is_gradient_checkpointing
     for a, b in zip(plain, grads(again), strict=True):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)

@@ -16,6 +16,8 @@ tokens of the layout are inserted by id.
 
 from __future__ import annotations
 
+import inspect
+
 from transformers import PreTrainedTokenizerBase
 
 from assay.core.chat_format import chat_format, template_kwargs
@@ -36,21 +38,37 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True) if text else []
 
 
+# transformers releases before 5.20 (the one vLLM's CPU build takes) cannot keep control tokens in messages text
+_SANITIZES = "sanitize_control_tokens" in inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters
+
+
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: Task) -> list[int]:
     """The task's prompt through the chat template (with the tokenizer's template kwargs, e.g.
     enable_thinking=False), ending with the assistant generation prompt."""
+    if not _SANITIZES:
+        _refuse_control_tokens(tokenizer, task)
     out = tokenizer.apply_chat_template(
         task.prompt,
         tools=[t.to_json() for t in task.tools] or None,
         add_generation_prompt=True,
         tokenize=True,
         return_dict=False,
-        sanitize_control_tokens=True,  # control tokens inside messages are text, as in encode_text
+        **({"sanitize_control_tokens": True} if _SANITIZES else {}),  # control tokens in messages are text
         **template_kwargs(tokenizer),
     )
     if not isinstance(out, list):  # a BatchEncoding / dict in some transformers versions
         out = out["input_ids"]
     return list(out)
+
+
+def _refuse_control_tokens(tokenizer: PreTrainedTokenizerBase, task: Task) -> None:
+    """Where the template would turn a control token's spelling in a message into the token itself
+    (a forged turn boundary), refuse the prompt instead."""
+    for m in task.prompt:
+        if hit := next((s for s in chat_format(tokenizer).specials if s in m.content), None):
+            raise AssayError(f"task {task.task_id}: a {m.role} message contains the control token {hit!r}, which this "
+                             f"transformers release would render as the token itself; install transformers>=5.20 "
+                             "(pip install -e . -c constraints.txt), or keep control tokens out of prompts")
 
 
 def encode_pieces(tokenizer: PreTrainedTokenizerBase, pieces: list[tuple[str, bool]]) -> list[int]:

@@ -246,6 +246,10 @@ class Config(_Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"domain names must be unique, repeated: {sorted(dup)}")
+        if self.rollout.backend == "vllm" and self.train.ranks > 1 and self.pipeline.workers == "thread":
+            raise ValueError("rollout.backend: vllm starts its own torch.distributed group in the process it runs in, "
+                             "where train.ranks > 1 needs the trainer's; run the rollout in a process of its own "
+                             "(pipeline.mode: async, pipeline.workers: process) or use train.ranks: 1")
         return self
 
 

@@ -214,6 +214,13 @@ class VLLMBackend:
         return t
 
     def close(self) -> None:
+        """Stop vLLM and leave the process as it found it: its torch.distributed group gone, its files removed."""
+        if getattr(self, "llm", None) is not None:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            self.engine.engine_core.shutdown()
+            self.llm = self.engine = None
+            cleanup_dist_env_and_memory()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- internals ------------------------------------------------------------------------------
