@@ -1,5 +1,6 @@
 import time
 
+import pytest
 import torch
 from agent_fakes import FakeEpisode, ScriptedBackend, calc_task, reference, turn
 
@@ -196,3 +197,66 @@ def test_hf_backend_trajectories_carry_exact_behaviour_logprobs(tok):
         assert torch.allclose(logp[m], torch.tensor(t.logprobs[1:])[m], atol=1e-4)
         assert all(lp == 0.0 for lp, k in zip(t.logprobs, t.loss_mask, strict=True) if k == 0)
     assert trajs[0].token_ids != trajs[1].token_ids  # the group's samples are separate draws
+
+
+class _Broken(RuntimeError):
+    pass
+
+
+class _FailsOnSecondTurn(ScriptedBackend):
+    """Gives every episode a tool call, then fails, through either loop's entry point."""
+
+    def __init__(self, scripts):
+        super().__init__(scripts)
+        self.calls = 0
+        self.pending: list = []
+        self.has_unfinished = False
+
+    def generate(self, requests):
+        self.calls += 1
+        if self.calls > 1:
+            raise _Broken("the backend went away")
+        return super().generate(requests)
+
+    def add_requests(self, requests, on_done=None):  # the online API, over generate
+        self.pending += [(len(self.pending) + i, r) for i, r in enumerate(requests)]
+        return [rid for rid, _ in self.pending[-len(requests):]]
+
+    def add_request(self, request, on_done=None):
+        return self.add_requests([request])[0]
+
+    def step(self):
+        batch, self.pending = self.pending, []
+        return [(rid, res) for (rid, _), res in zip(batch, self.generate([r for _, r in batch]), strict=True)]
+
+    def abort(self, request_id):
+        pass
+
+
+@pytest.mark.parametrize("online", [False, True])
+def test_every_episode_is_closed_once_when_the_backend_fails(tok, online):
+    from assay.agent.loop import EpisodeJob, run_episodes_online
+
+    tasks = [calc_task(1, 1), calc_task(2, 2)]
+    call = lambda t: Message("assistant", "", [ToolCall("calc", {"expression": "1+1"})])  # noqa: E731
+    scripts = {}
+    for t in tasks:
+        scripts.update(script_of(tok, t, [call(t), Message("assistant", "Answer: 2")]))
+    backend = _FailsOnSecondTurn(scripts)
+    episodes = [FakeEpisode(t) for t in tasks]
+    with pytest.raises(_Broken):
+        if online:
+            run_episodes_online(backend, [EpisodeJob(t, e, PARAMS, 5, 512, i) for i, (t, e) in
+                                          enumerate(zip(tasks, episodes, strict=True))], tok)
+        else:
+            run_episodes(backend, list(zip(tasks, episodes, strict=True)), tok, PARAMS, max_turns=5, max_context=512)
+    assert [e.closed for e in episodes] == [1, 1]
+    assert all(e.verified is None for e in episodes)
+
+
+def test_a_finished_episode_is_closed_once(tok):
+    t = calc_task(1, 1)
+    episode = FakeEpisode(t)
+    run_episodes(ScriptedBackend(script_of(tok, t, [Message("assistant", "Answer: 2")])), [(t, episode)], tok,
+                 PARAMS, max_turns=5, max_context=512)
+    assert episode.closed == 1

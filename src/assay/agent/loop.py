@@ -67,6 +67,7 @@ class _Run:
     versions: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "tool_s": 0.0, "verify_s": 0.0})
     started: float = field(default_factory=time.perf_counter)
+    closed: bool = False  # its episode's close() was called
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.ids += ids
@@ -96,21 +97,27 @@ def run_episodes(
     Trajectory.policy_version is the oldest weights version that sampled any of its tokens
     (`policy_version` when nothing was sampled). timings["generate_s"] is the wall time of the batched
     generate calls the episode took part in."""
-    runs = [_start(EpisodeJob(task, episode, params, max_turns, max_context, i, time_limit_s), tokenizer)
+    jobs = [EpisodeJob(task, episode, params, max_turns, max_context, i, time_limit_s)
             for i, (task, episode) in enumerate(items)]
-    while active := [r for r in runs if not r.finish]:
-        reqs = [_request(r) for r in active]
-        t0 = time.perf_counter()
-        results = backend.generate(reqs)
-        dt = time.perf_counter() - t0
-        if len(results) != len(reqs) or any(len(res) != 1 for res in results):
-            raise AssayError("run_episodes: the backend must return exactly one result per request (n=1)")
-        for r, res in zip(active, results, strict=True):
-            r.timings["generate_s"] += dt
-            _take_turn(r, res[0], tokenizer)
-    # Verification is independent per episode and mostly waits on sandboxes: run it concurrently.
-    with ThreadPoolExecutor(max_workers=min(VERIFY_WORKERS, len(runs)) or 1) as pool:
-        return list(pool.map(lambda r: _finish(r, policy_version), runs))
+    runs: list[_Run] = []
+    try:
+        for job in jobs:
+            runs.append(_start(job, tokenizer))
+        while active := [r for r in runs if not r.finish]:
+            reqs = [_request(r) for r in active]
+            t0 = time.perf_counter()
+            results = backend.generate(reqs)
+            dt = time.perf_counter() - t0
+            if len(results) != len(reqs) or any(len(res) != 1 for res in results):
+                raise AssayError("run_episodes: the backend must return exactly one result per request (n=1)")
+            for r, res in zip(active, results, strict=True):
+                r.timings["generate_s"] += dt
+                _take_turn(r, res[0], tokenizer)
+        # Verification is independent per episode and mostly waits on sandboxes: run it concurrently.
+        with ThreadPoolExecutor(max_workers=min(VERIFY_WORKERS, len(runs)) or 1) as pool:
+            return list(pool.map(lambda r: _finish(r, policy_version), runs))
+    finally:
+        _close_all(jobs, runs)
 
 
 def run_episodes_online(
@@ -129,7 +136,17 @@ def run_episodes_online(
     its batch size (tested equal where the batches stay small; `assay bench agent` reports how many
     trajectories agree on a real policy).
     timings["generate_s"] is the time from a turn's submission to its last token."""
-    runs = [_start(job, tokenizer) for job in jobs]
+    runs: list[_Run] = []
+    try:
+        for job in jobs:
+            runs.append(_start(job, tokenizer))
+        return _run_online(engine, runs, tokenizer, policy_version, tool_workers)
+    finally:
+        _close_all(jobs, runs)
+
+
+def _run_online(engine: OnlineBackend, runs: list[_Run], tokenizer: PreTrainedTokenizerBase, policy_version: int,
+                tool_workers: int) -> list[Trajectory]:
     out: list[Trajectory | None] = [None] * len(runs)
     in_engine: dict[int, tuple[int, float]] = {}  # request id -> (run, submitted at)
     acting: dict[Future[None], int] = {}
@@ -247,6 +264,21 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
     r.append(obs_ids, sampled=False)
 
 
+def _close(r: _Run) -> None:
+    if not r.closed:
+        r.closed = True
+        close_episode(r.job.episode)
+
+
+def _close_all(jobs: Sequence[EpisodeJob], runs: list[_Run]) -> None:
+    """Every episode is closed once, whatever stopped the loop: a failed backend call or tool step
+    must not leave an episode's sandbox open. Jobs that never became runs are closed too."""
+    for r in runs:
+        _close(r)
+    for job in jobs[len(runs):]:
+        close_episode(job.episode)
+
+
 def _finish(r: _Run, policy_version: int) -> Trajectory:
     reward, passed, info = 0.0, False, {}
     if r.status == OK:
@@ -259,7 +291,7 @@ def _finish(r: _Run, policy_version: int) -> Trajectory:
         except Exception as e:
             r.status, r.error = VERIFIER_ERROR, f"episode.verify raised {type(e).__name__}: {e}"
         r.timings["verify_s"] = time.perf_counter() - t0
-    close_episode(r.job.episode)
+    _close(r)
     if r.error:
         info["error"] = r.error
     return Trajectory(
