@@ -143,3 +143,13 @@ def test_the_online_api_admits_requests_while_others_run(tok, policy, vllm_backe
 def test_a_prompt_longer_than_the_model_is_refused(tok, vllm_backend):
     with pytest.raises(AssayError, match="leaves no room"):
         vllm_backend.generate([GenRequest([5] * 300, GREEDY)])
+
+
+@needs_vllm
+def test_seeded_requests_whose_prompts_exceed_a_step_budget_sample(tok, vllm_backend):
+    # vLLM's default chunked prefill would split these prompts over steps, then fail to rewind a seeded
+    # generator on the CPU ("CPU Generator does not use offset"); the backend prefills whole prompts.
+    g = torch.Generator().manual_seed(8)
+    ps = [torch.randint(2, len(tok), (200,), generator=g).tolist() for _ in range(64)]  # 12,800 prompt tokens
+    res = vllm_backend.generate([GenRequest(p, SamplingParams(max_tokens=8, seed=5), n=2) for p in ps])
+    assert all(len(r.token_ids) == 8 for group in res for r in group)

@@ -90,6 +90,9 @@ class VLLMBackend:
                 model=self._dir, skip_tokenizer_init=True, dtype=str(next(model.parameters()).dtype).split(".")[-1],
                 enable_prefix_caching=True, block_size=block_size, max_model_len=self.max_len,
                 kv_cache_memory_bytes=kv_cache_bytes, logprobs_mode="processed_logprobs",
+                # A prompt prefilled in chunks samples a token it discards, and vLLM then rewinds that request's
+                # seeded generator, which the CPU's cannot do: whole prompts per step keep seeded sampling working.
+                enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_len, 8192),
                 enforce_eager=enforce_eager, seed=seed,
                 **({"device": device.type} if device.type == "cuda" else {}))
         except Exception as e:
