@@ -151,5 +151,6 @@ def test_seeded_requests_whose_prompts_exceed_a_step_budget_sample(tok, vllm_bac
     # generator on the CPU ("CPU Generator does not use offset"); the backend prefills whole prompts.
     g = torch.Generator().manual_seed(8)
     ps = [torch.randint(2, len(tok), (200,), generator=g).tolist() for _ in range(64)]  # 12,800 prompt tokens
-    res = vllm_backend.generate([GenRequest(p, SamplingParams(max_tokens=8, seed=5), n=2) for p in ps])
+    params = SamplingParams(max_tokens=8, seed=5, stop_token_ids=[10_000])
+    res = vllm_backend.generate([GenRequest(p, params, n=2) for p in ps])
     assert all(len(r.token_ids) == 8 for group in res for r in group)
