@@ -221,6 +221,23 @@ def test_model_chat_template_kwargs_reach_the_loaded_tokenizer(qwen3_tok, tmp_pa
         load_model(tmp_path, ModelConfig(chat_template_kwargs={"add_generation_prompt": False}))
 
 
+def test_a_saved_policy_keeps_its_template_kwargs_for_a_bare_load(qwen3_tok, tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from assay.core.chat_format import set_template_kwargs, template_kwargs
+    from assay.core.modeling import load_model, save_model
+
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(qwen3_tok), hidden_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, intermediate_size=32))
+    tok = copy.deepcopy(qwen3_tok)
+    set_template_kwargs(tok, {"enable_thinking": False})
+    save_model(model, tok, tmp_path / "policy")
+    _, bare = load_model(tmp_path / "policy")  # `assay eval --policy DIR` has no config
+    assert template_kwargs(bare) == {"enable_thinking": False}
+    _, told = load_model(tmp_path / "policy", ModelConfig(chat_template_kwargs={"enable_thinking": True}))
+    assert template_kwargs(told) == {"enable_thinking": True}  # a config's own kwargs win
+
+
 def test_reasoning_is_refused_where_the_template_has_no_place_for_it(qwen3_tok):
     plain = copy.deepcopy(qwen3_tok)
     plain.chat_template = QWEN_STYLE_TEMPLATE  # Qwen2.5's layout: no reasoning

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from transformers import (
 )
 
 from assay.core.atomic import atomic_dir
-from assay.core.chat_format import chat_format, set_template_kwargs
+from assay.core.chat_format import chat_format, set_template_kwargs, template_kwargs
 from assay.core.config import ModelConfig
 from assay.core.errors import AssayError, CheckpointError
 from assay.core.tokenizer import stop_token_ids
@@ -75,11 +76,16 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrai
     return model
 
 
+TEMPLATE_KWARGS_FILE = "chat_template_kwargs.json"  # model.chat_template_kwargs the policy was trained with
+
+
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> None:
     """Weights (safetensors), config and tokenizer in Hugging Face layout: loadable by `from_pretrained`."""
     with atomic_dir(Path(directory)) as d:
         model.save_pretrained(d)
         tokenizer.save_pretrained(d)
+        if kwargs := template_kwargs(tokenizer):  # so that a bare `assay eval --policy DIR` renders as training did
+            (d / TEMPLATE_KWARGS_FILE).write_text(json.dumps(kwargs, indent=1))
 
 
 def load_model(
@@ -87,7 +93,7 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer from a local Hugging Face directory (never the network), placed by `cfg`'s
     device, dtype and attention implementation (default: float32 on the CPU, sdpa); its tokenizer renders its chat
-    template with `cfg.chat_template_kwargs`."""
+    template with `cfg.chat_template_kwargs`, or where none are given those the directory was saved with."""
     cfg = cfg or ModelConfig()
     device = device_of(cfg)
     d = Path(path)
@@ -106,7 +112,8 @@ def load_model(
     except Exception as e:  # transformers raises OSError, ValueError, safetensors errors...: all mean corrupt
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"model directory {str(d)!r} could not be loaded ({msg}); re-save it") from e
-    set_template_kwargs(tokenizer, cfg.chat_template_kwargs)
+    saved = d / TEMPLATE_KWARGS_FILE
+    set_template_kwargs(tokenizer, cfg.chat_template_kwargs or (json.loads(saved.read_text()) if saved.is_file() else {}))
     chat_format(tokenizer)  # a tokenizer whose template cannot lay out turns is named here, not deep in a rollout
     return model, tokenizer
 

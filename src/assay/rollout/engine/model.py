@@ -38,9 +38,10 @@ class PagedModel:
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise AssayError(f"the engine runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}; "
-                             "rollout.backend=hf (transformers generate) runs any causal LM transformers knows")
+                             "rollout.backend=vllm runs the architectures vLLM supports, rollout.backend=hf "
+                             "(transformers generate) any causal LM transformers knows")
         if getattr(cfg, "use_sliding_window", False):
-            raise AssayError("the engine does not implement sliding-window attention; use rollout.backend=hf")
+            raise AssayError("the engine does not implement sliding-window attention; use rollout.backend=vllm or hf")
         self.hf = model
         inner = model.model
         self.num_heads = cfg.num_attention_heads
