@@ -90,3 +90,69 @@ def test_the_readme_trains_a_users_model_on_a_users_environment(tmp_path, monkey
     lines = (tmp_path / "runs" / "reverse" / "metrics.jsonl").read_text().splitlines()
     steps = [json.loads(line)["step"] for line in lines if json.loads(line)["kind"] == "train"]
     assert steps == [1, 2]
+
+
+def test_objects_stand_in_for_names_an_unregistered_env_a_policy_and_a_backend(tmp_path):
+    """run_training takes an environment object, a (model, tokenizer) pair and a backend factory."""
+    import json
+    import random
+
+    import pytest
+    import torch
+
+    from assay import Message, Reward, Task, task_id
+    from assay.core.config import ModelConfig
+    from assay.core.errors import ConfigError
+    from assay.core.modeling import build_model
+    from assay.core.tokenizer import train_tokenizer
+    from assay.rollout.hf import HFBackend
+
+    class Echo:  # never registered: reachable only as the object given for its domain
+        name, version, category, difficulties, tools = "echo-unregistered", "1", "text", (1, 2, 3, 4), ()
+        drawn = 0
+
+        def generate(self, rng: random.Random, difficulty: int) -> Task:
+            Echo.drawn += 1
+            word = rng.choice(["ab", "cd", "ef"])
+            return Task(env="", task_id=task_id("echo-unregistered@1", difficulty, word), difficulty=difficulty,
+                        prompt=[Message("user", f"Say {word}.")], payload={"word": word})
+
+        def reference_solution(self, task):
+            return [Message("assistant", f"Answer: {task.payload['word']}")]
+
+        def start(self, task, sandbox):
+            return EchoEpisode(task)
+
+    class EchoEpisode:
+        def __init__(self, task):
+            self.task = task
+
+        def step(self, call):
+            raise AssertionError("no tools")
+
+        def verify(self, final):
+            ok = final[-1].content.strip() == f"Answer: {self.task.payload['word']}"
+            return Reward(float(ok), ok)
+
+    torch.manual_seed(0)
+    tok = train_tokenizer([f"<|im_start|>user\nSay {w}.<|im_end|>\nAnswer: {w}" for w in ("ab", "cd", "ef")], 300)
+    model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                    intermediate_size=64), tok)
+    made = []
+
+    def backend(m, t):
+        made.append(m)
+        return HFBackend(m, t)
+
+    config = {"name": "objects", "run_dir": str(tmp_path), "threads": 1,
+              "domains": [{"name": "echo", "env": "not-in-the-registry", "group_size": 2, "max_new_tokens": 4}],
+              "train": {"steps": 2, "groups_per_step": 2}}
+    run_dir = assay.run_training(config, envs={"echo": Echo()}, policy=(model, tok), backend=backend)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if x["kind"] == "train"] == [1, 2]
+    assert Echo.drawn >= 4 and made == [model]  # the given policy's own tensors, under the given backend
+    with pytest.raises(ConfigError, match="no domain for"):
+        assay.run_training({**config, "name": "objects2"}, envs={"other": Echo()}, policy=(model, tok))
+    with pytest.raises(ConfigError, match="stay in this process"):
+        assay.run_training({**config, "name": "objects3", "pipeline": {"mode": "async", "workers": "process"}},
+                           envs={"echo": Echo()})

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +26,13 @@ from assay.core.config import Config, build_config, load_config
 from assay.core.errors import ConfigError
 from assay.core.storage import TrajectoryWriter, prepare_run_dir
 from assay.core.types import Task, Trajectory
+from assay.envs.base import Environment
+from assay.pipeline.policy import Given
 from assay.pipeline.ray_workers import RayRollout
 from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
 from assay.pipeline.worker import RolloutWorker
-from assay.rollout.factory import make_backend
+from assay.rollout.base import RolloutBackend
 
 
 class _Stopped(Exception):
@@ -41,8 +43,8 @@ Batch = tuple[int, list[Trajectory], list[Trajectory], int, dict[str, float]]  #
 
 
 class AsyncPipeline(SyncPipeline):
-    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False) -> None:
-        super().__init__(cfg, run_dir, resume)
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, given: Given | None = None) -> None:
+        super().__init__(cfg, run_dir, resume, given)
         self._weights: dict[int, list[tuple[str, Tensor]]] = {}
         self._lock = threading.Condition()  # guards the mixer, the step counters and the ready batches
         # steps whose batch the trainer has trained / the mixer has seen / whose tasks are drawn
@@ -71,7 +73,7 @@ class AsyncPipeline(SyncPipeline):
             return RolloutWorker(self.cfg, self.plain, self.tokenizer, self.envs, p.worker_restarts, p.worker_timeout_s)
         if p.workers == "ray":
             return RayRollout(self.cfg, self.plain, self.tokenizer, self.envs, self.run_dir)
-        return make_backend(self.cfg.rollout, copy.deepcopy(self.plain).eval().requires_grad_(False), self.tokenizer)
+        return self.make_backend(copy.deepcopy(self.plain).eval().requires_grad_(False))
 
     def _rollout(self, tasks: list[Task], step: int, attempt: int) -> list[Trajectory]:
         if self.cfg.pipeline.workers != "thread":
@@ -98,7 +100,7 @@ class AsyncPipeline(SyncPipeline):
         """Evaluations run on the trainer's weights with a backend of their own (the rollout thread's is busy)."""
         model = self.policy_model()  # with LoRA, the adapters folded in as they are now
         if self._eval_backend is None:
-            self._eval_backend = make_backend(self.cfg.rollout, model, self.tokenizer)
+            self._eval_backend = self.make_backend(model)
         self._eval_backend.update_weights([], version=self._seen)  # the step just trained (published after)
         return self._eval_backend
 
@@ -160,6 +162,8 @@ class AsyncPipeline(SyncPipeline):
     def close_backend(self, wait_s: float = 0) -> None:
         if self.cfg.pipeline.workers != "thread":  # a worker process or Ray actors: stop them
             self.backend.close(wait_s=wait_s)
+        else:
+            super().close_backend()
 
     def run(self, view: RunView | None = None) -> None:
         cfg, k = self.cfg, self.cfg.pipeline.max_staleness
@@ -209,14 +213,18 @@ class AsyncPipeline(SyncPipeline):
             rollout.join(timeout=60)
 
 
-def make_pipeline(cfg: Config, run_dir: Path, resume: bool = False) -> SyncPipeline:
+def make_pipeline(cfg: Config, run_dir: Path, resume: bool = False, given: Given | None = None) -> SyncPipeline:
     """The pipeline `pipeline.mode` names."""
-    return (AsyncPipeline if cfg.pipeline.mode == "async" else SyncPipeline)(cfg, run_dir, resume)
+    return (AsyncPipeline if cfg.pipeline.mode == "async" else SyncPipeline)(cfg, run_dir, resume, given)
 
 
-def run_training(config: Config | dict[str, Any] | str | Path, overrides: Sequence[str] = ()) -> Path:
+def run_training(config: Config | dict[str, Any] | str | Path, overrides: Sequence[str] = (), *,
+                 envs: Mapping[str, Environment] | None = None, policy: tuple[Any, Any] | None = None,
+                 backend: Callable[[Any, Any], RolloutBackend] | None = None) -> Path:
     """`assay train` from Python: a Config, a dict in the config's shape or a YAML path (plus
-    key=value overrides); RL runs to the end in RUN_DIR/NAME, which is returned."""
+    key=value overrides); RL runs to the end in RUN_DIR/NAME, which is returned. Objects may stand in
+    for names: `envs` maps domain names to environment objects, `policy` is a (model, tokenizer) pair to
+    start from, `backend(model, tokenizer)` makes the rollout backend (see `pipeline.policy.Given`)."""
     if isinstance(config, Config):
         cfg = build_config(config.model_dump(mode="json"), list(overrides))
     elif isinstance(config, dict):
@@ -224,5 +232,5 @@ def run_training(config: Config | dict[str, Any] | str | Path, overrides: Sequen
     else:
         cfg = load_config(config, list(overrides))
     run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
-    make_pipeline(cfg, run_dir).run()
+    make_pipeline(cfg, run_dir, given=Given(envs or {}, policy, backend)).run()
     return run_dir

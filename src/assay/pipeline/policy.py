@@ -1,25 +1,52 @@
 """The policy a run starts from: a local Hugging Face directory, or a tiny model and tokenizer
-built here from the config (tokenizer trained on the environments' own generated text)."""
+built here from the config (tokenizer trained on the environments' own generated text); and what a
+Python caller gives the pipeline instead of names (`Given`)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from assay.core.config import Config
+from assay.core.errors import ConfigError
 from assay.core.modeling import build_model, load_model, place
 from assay.core.tokenizer import render_messages, train_tokenizer
 from assay.envs.base import Environment
 from assay.envs.split import draw_task
+from assay.rollout.base import RolloutBackend
 
 
-def domain_envs(cfg: Config) -> dict[str, Environment]:
+@dataclass
+class Given:
+    """What a Python caller hands the pipeline instead of names in the config: environment objects by
+    domain name, a policy (model, tokenizer) to start RL from, and a factory for the rollout backend
+    (called with the model it must run and the tokenizer; it then receives every weight update). They
+    live in this process, so they need `pipeline.workers: thread`."""
+
+    envs: Mapping[str, Environment] = field(default_factory=dict)
+    policy: tuple[Any, Any] | None = None
+    backend: Callable[[Any, Any], RolloutBackend] | None = None
+
+    def check(self, cfg: Config) -> None:
+        if unknown := sorted(set(self.envs) - {d.name for d in cfg.domains}):
+            raise ConfigError(f"environment objects for {', '.join(unknown)}, which the config has no domain for; "
+                              f"its domains are {', '.join(d.name for d in cfg.domains)}")
+        if (self.envs or self.policy or self.backend) and cfg.pipeline.workers != "thread":
+            raise ConfigError(f"objects given from Python stay in this process, and pipeline.workers: "
+                              f"{cfg.pipeline.workers} runs the rollout elsewhere; register the environment and save "
+                              "the policy (model.path) to use worker processes, or use pipeline.workers: thread")
+
+
+def domain_envs(cfg: Config, given: Mapping[str, Environment] | None = None) -> dict[str, Environment]:
+    """Each domain's environment: the object given for it, else the registry's by `env` name."""
     from assay.envs.registry import get_env
 
-    return {d.name: get_env(d.env, **d.env_args) for d in cfg.domains}
+    given = given or {}
+    return {d.name: given[d.name] if d.name in given else get_env(d.env, **d.env_args) for d in cfg.domains}
 
 
 def reference_corpus(envs: dict[str, Environment], per_domain: int, seed: int) -> Iterator[str]:

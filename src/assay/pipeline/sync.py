@@ -12,7 +12,7 @@ from typing import Any
 
 from assay.core.checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from assay.core.config import Config, dump_config
-from assay.core.modeling import apply_threads, load_model, save_model
+from assay.core.modeling import apply_threads, load_model, place, save_model
 from assay.core.storage import MetricsLogger, TrajectoryWriter, atomic_write
 from assay.core.types import Task, Trajectory
 from assay.envs.registry import env_spec
@@ -21,7 +21,7 @@ from assay.eval.evaluate import evaluate
 from assay.mixer.mixer import DomainMixer
 from assay.mixer.stats import DomainStats
 from assay.pipeline.monitor import LoopholeWatch, log_training
-from assay.pipeline.policy import build_policy, domain_envs
+from assay.pipeline.policy import Given, build_policy, domain_envs
 from assay.pipeline.train_ranks import TrainRanks
 from assay.pipeline.ui import RunView
 from assay.pipeline.worker import rollout_tasks
@@ -33,9 +33,11 @@ from assay.train.trainer import GRPOTrainer
 
 
 class SyncPipeline:
-    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, given: Given | None = None) -> None:
         self.cfg, self.run_dir = cfg, run_dir
-        self.envs = domain_envs(cfg)
+        self.given = given = given or Given()
+        given.check(cfg)
+        self.envs = domain_envs(cfg, given.envs)
         self.domains = {d.name: d for d in cfg.domains}
         check_rewards(cfg.domains)
         self.start_step = 0
@@ -44,6 +46,9 @@ class SyncPipeline:
             ckpt = latest_checkpoint(run_dir)
             blob, state = load_training_state(ckpt)
             self.model, self.tokenizer = load_model(ckpt, cfg.model)
+        elif given.policy is not None:
+            model, self.tokenizer = given.policy
+            self.model = place(model, cfg.model)
         else:
             self.model, self.tokenizer = build_policy(cfg, self.envs)
         self.threads = apply_threads(cfg.threads, self.model)
@@ -141,12 +146,19 @@ class SyncPipeline:
         finally:
             metrics.close()
             self.close_ranks()
+            self.close_backend()
 
     def train_step(self, batch: list[Trajectory], version: int) -> dict[str, float]:
         """One trainer step; with `train.ranks` > 1 every rank takes it together."""
         if self.ranks:
             self.ranks.step(batch, version)
         return self.trainer.step(batch, version=version)
+
+    def close_backend(self, wait_s: float = 0) -> None:
+        """Stop what the rollout backend holds beyond this object (vLLM: its engine and process group)."""
+        close = getattr(self.backend, "close", None)
+        if callable(close):
+            close()
 
     def close_ranks(self) -> None:
         if self.ranks:
@@ -195,7 +207,13 @@ class SyncPipeline:
     def rollout_backend(self) -> Any:
         """The backend rollouts run on: here the trainer's own weights (a weight sync is a version bump;
         with LoRA a copy of the folded weights)."""
-        return make_backend(self.cfg.rollout, self.plain, self.tokenizer)
+        return self.make_backend(self.plain)
+
+    def make_backend(self, model: Any) -> Any:
+        """The configured backend around `model`, or the one the caller's factory makes."""
+        if self.given.backend is not None:
+            return self.given.backend(model, self.tokenizer)
+        return make_backend(self.cfg.rollout, model, self.tokenizer)
 
     def policy_model(self) -> Any:
         """The current policy as a plain Hugging Face model (with LoRA, the adapters folded in now)."""
