@@ -80,14 +80,15 @@ class VLLMBackend:
         self.totals: Counter[str] = Counter()
         self._requests: dict[int, _Request] = {}
         self._next = 0
-        # vLLM loads a model from a directory: the policy's present weights, written once to a temporary one.
-        self._dir = tempfile.mkdtemp(prefix="assay-vllm-")
+        # vLLM loads a model from a directory: the policy's present weights, written to a temporary one that is
+        # removed as soon as vLLM holds them (later weights arrive in memory), so no exit path leaves it behind.
+        tmp = tempfile.mkdtemp(prefix="assay-vllm-")
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it for the whole process
         try:
-            model.save_pretrained(self._dir, safe_serialization=True)
+            model.save_pretrained(tmp, safe_serialization=True)
             device = next(model.parameters()).device
             self.llm = vllm.LLM(
-                model=self._dir, skip_tokenizer_init=True, dtype=str(next(model.parameters()).dtype).split(".")[-1],
+                model=tmp, skip_tokenizer_init=True, dtype=str(next(model.parameters()).dtype).split(".")[-1],
                 enable_prefix_caching=True, block_size=block_size, max_model_len=self.max_len,
                 kv_cache_memory_bytes=kv_cache_bytes, logprobs_mode="processed_logprobs",
                 # A prompt prefilled in chunks samples a token it discards, and vLLM then rewinds that request's
@@ -96,13 +97,13 @@ class VLLMBackend:
                 enforce_eager=enforce_eager, seed=seed,
                 **({"device": device.type} if device.type == "cuda" else {}))
         except Exception as e:
-            shutil.rmtree(self._dir, ignore_errors=True)
             if isinstance(e, AssayError):
                 raise
             raise AssayError(f"vLLM could not load the policy ({type(e).__name__}: {e}); check that vLLM supports "
                              f"its architecture {model.config.model_type!r} and dtype, or use rollout.backend: hf") from e
         finally:
             torch.set_num_threads = set_threads
+            shutil.rmtree(tmp, ignore_errors=True)
         self.engine = self.llm.llm_engine
 
     # -- online API (the native engine's) -------------------------------------------------------
@@ -217,14 +218,13 @@ class VLLMBackend:
         return t
 
     def close(self) -> None:
-        """Stop vLLM and leave the process as it found it: its torch.distributed group gone, its files removed."""
+        """Stop vLLM and leave the process as it found it, without vLLM's torch.distributed group."""
         if getattr(self, "llm", None) is not None:
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
             self.engine.engine_core.shutdown()
             self.llm = self.engine = None
             cleanup_dist_env_and_memory()
-        shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- internals ------------------------------------------------------------------------------
 
