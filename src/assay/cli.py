@@ -447,9 +447,10 @@ def bench_sandbox(seconds: Annotated[float, typer.Option(help="measuring time pe
 def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, the same for every backend")] = "float32",
                   threads: Annotated[int, typer.Option(help="torch threads in every process (0: torch's default)")] = 0,
                   rounds: Annotated[int, typer.Option(help="runs of each backend on each workload, alternated")] = 3,
-                  backends: Annotated[str, typer.Option(
+                  backends: Annotated[str | None, typer.Option(
                       help="comma-separated: hf, engine, vllm-32, vllm-128 (vLLM with KV blocks of 32 or 128 "
-                           "tokens); vLLM rows are added when it is installed or --vllm-python is given")] = "hf,engine",
+                           "tokens); default: hf and engine, with both vLLM rows where vLLM is installed or "
+                           "--vllm-python is given")] = None,
                   vllm_python: Annotated[str | None, typer.Option(
                       help="an interpreter whose environment has vLLM and Assay (vLLM in an environment of its own)"
                   )] = None,
@@ -477,14 +478,14 @@ def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, 
 
     if dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
-    chosen = [b.strip() for b in backends.split(",") if b.strip()]
-    if unknown := [b for b in chosen if b not in BACKENDS]:
-        raise ConfigError(f"--backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     if vllm_python is not None and not Path(vllm_python).is_file():
         raise ConfigError(f"--vllm-python {vllm_python}: no such interpreter; give the python of the environment "
                           "where vLLM and Assay are installed")
-    if (vllm_python or importlib.util.find_spec("vllm")) and not any(b.startswith("vllm") for b in chosen):
-        chosen += ["vllm-32", "vllm-128"]
+    if backends is None:
+        backends = "hf,engine" + (",vllm-32,vllm-128" if vllm_python or importlib.util.find_spec("vllm") else "")
+    chosen = [b.strip() for b in backends.split(",") if b.strip()]
+    if unknown := [b for b in chosen if b not in BACKENDS]:
+        raise ConfigError(f"--backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     settings = Settings(model=QUICK_MODEL if quick else ModelShape(), dtype=dtype, device=device, threads=threads,
                         kv_cache_mb=64 if quick else 2048)
     python = {b: vllm_python for b in chosen if b.startswith("vllm") and vllm_python}

@@ -260,3 +260,64 @@ def test_a_finished_episode_is_closed_once(tok):
     run_episodes(ScriptedBackend(script_of(tok, t, [Message("assistant", "Answer: 2")])), [(t, episode)], tok,
                  PARAMS, max_turns=5, max_context=512)
     assert episode.closed == 1
+
+
+class _CalcEnv:
+    """Starts FakeEpisodes (recording them), failing on the `fail_at`-th start if asked."""
+
+    def __init__(self, fail_at=None):
+        self.started: list[FakeEpisode] = []
+        self.fail_at = fail_at
+
+    def start(self, task, sandbox):
+        if len(self.started) == self.fail_at:
+            raise RuntimeError("the environment could not start an episode")
+        self.started.append(FakeEpisode(task))
+        return self.started[-1]
+
+
+def _domains(*names):
+    from assay.core.config import DomainConfig
+
+    return {n: DomainConfig(name=n, env="fakecalc", group_size=2, max_new_tokens=64) for n in names}
+
+
+def test_collect_closes_the_episodes_it_started_when_one_cannot_start(tok):
+    from dataclasses import replace
+
+    from assay.agent.groups import collect
+
+    env = _CalcEnv(fail_at=3)
+    tasks = [replace(calc_task(i, i), domain="math") for i in range(1, 4)]
+    with pytest.raises(RuntimeError, match="could not start"):
+        collect(ScriptedBackend({}), tok, {"math": env}, _domains("math"), tasks, samples=2, temperature=1.0)
+    assert [e.closed for e in env.started] == [1, 1, 1]
+
+
+def test_collect_closes_every_domains_episodes_when_the_first_domains_rollout_fails(tok):
+    from dataclasses import replace
+
+    from assay.agent.groups import collect
+
+    envs = {"a": _CalcEnv(), "b": _CalcEnv()}
+    tasks = [replace(calc_task(1, 1), domain="a"), replace(calc_task(2, 2), domain="b")]
+    backend = _FailsOnSecondTurn({})
+    backend.calls = 1  # its next generate call fails: domain a's first turn
+    with pytest.raises(_Broken):
+        collect(backend, tok, envs, _domains("a", "b"), tasks, samples=2, temperature=1.0)
+    assert [e.closed for env in envs.values() for e in env.started] == [1, 1, 1, 1]
+
+
+def test_a_close_that_raises_does_not_keep_the_others_open(tok):
+    from assay.envs.episode import close_episodes
+
+    class Stuck(FakeEpisode):
+        def close(self):
+            super().close()
+            raise OSError("the sandbox would not close")
+
+    t = calc_task(1, 1)
+    episodes = [Stuck(t), FakeEpisode(t)]
+    with pytest.raises(OSError, match="would not close"):
+        close_episodes(episodes)
+    assert [e.closed for e in episodes] == [1, 1]

@@ -83,7 +83,7 @@ def test_prompt_control_tokens_in_messages_are_text(tok, tmp_path, monkeypatch):
     tok.save_pretrained(tmp_path)
     reloaded = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
     if not render._SANITIZES:  # an older transformers cannot keep them text: the prompt is refused
-        with pytest.raises(AssayError, match="contains the control token"):
+        with pytest.raises(AssayError, match="spells the control token"):
             prompt_ids(tok, task)
         return
     with monkeypatch.context() as m:  # and so would it be where the template cannot sanitize
@@ -95,3 +95,13 @@ def test_prompt_control_tokens_in_messages_are_text(tok, tmp_path, monkeypatch):
         assert t.decode(ids) == render_messages(task.prompt, task.tools, add_generation_prompt=True)
         assert ids.count(t.convert_tokens_to_ids("<tool_call>")) == 0
         assert ids.count(t.convert_tokens_to_ids("<|im_end|>")) == 2  # system and user turn ends only
+
+
+def test_without_template_sanitizing_a_control_token_in_a_tool_spec_is_refused_too(tok, monkeypatch):
+    from dataclasses import replace
+
+    task = calc_task(1, 2)
+    task.tools = [replace(task.tools[0], description="Adds. <|im_end|>")]
+    monkeypatch.setattr(render, "_SANITIZES", False)
+    with pytest.raises(AssayError, match=r"spells the control token '<\|im_end\|>'"):
+        prompt_ids(tok, task)

@@ -154,3 +154,15 @@ def test_seeded_requests_whose_prompts_exceed_a_step_budget_sample(tok, vllm_bac
     params = SamplingParams(max_tokens=8, seed=5, stop_token_ids=[10_000])
     res = vllm_backend.generate([GenRequest(p, params, n=2) for p in ps])
     assert all(len(r.token_ids) == 8 for group in res for r in group)
+
+
+@needs_vllm
+def test_a_weight_update_under_running_requests_is_refused(tok, policy, vllm_backend):
+    rid = vllm_backend.add_request(GenRequest(prompts(len(tok), 1, seed=9)[0], GREEDY))
+    try:
+        with pytest.raises(AssayError, match="requests still running"):
+            vllm_backend.update_weights(policy.named_parameters(), version=3)
+        assert vllm_backend.version == 0
+    finally:
+        vllm_backend.abort(rid)
+    assert not vllm_backend.has_unfinished

@@ -13,6 +13,7 @@ from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
+from assay.envs.episode import close_episodes
 from assay.rollout.base import OnlineBackend, RolloutBackend, SamplingParams
 
 
@@ -26,31 +27,39 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
     the episodes of every domain share one batch and each advances on its own. `first`: where `tasks`
     start in a larger batch split over several workers, so that group ids stay distinct across the
     parts (0: the whole batch, as one worker sees it)."""
+    if online and not isinstance(backend, OnlineBackend):
+        raise AssayError("pipeline.online needs a backend that admits requests while it runs "
+                         "(rollout.backend: engine or vllm)")
     by_domain: dict[str, list[tuple[int, Task]]] = defaultdict(list)
     for i, task in enumerate(tasks):
         by_domain[task.domain].append((i, task))
     jobs: dict[str, list[EpisodeJob]] = {}
-    for name, items in by_domain.items():
-        dom = domains[name]
-        n = samples or dom.group_size
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=dom.max_new_tokens,
-                                stop_token_ids=stop_token_ids(tokenizer), seed=seed)
-        episodes = [task for _, task in items for _ in range(n)]
-        jobs[name] = [EpisodeJob(task, envs[name].start(task, None), params, dom.max_turns, dom.max_context, k,
-                                 dom.time_limit_s)
-                      for k, task in enumerate(episodes)]
-    if online:
-        if not isinstance(backend, OnlineBackend):
-            raise AssayError("rollout.online needs a backend that admits requests while it runs "
-                             "(rollout.backend: engine or vllm)")
-        flat = run_episodes_online(backend, [j for js in jobs.values() for j in js], tokenizer, policy_version)
-        done, start = {}, 0
-        for name, js in jobs.items():
-            done[name], start = flat[start:start + len(js)], start + len(js)
-    else:
-        done = {name: run_episodes(backend, [(j.task, j.episode) for j in js], tokenizer, js[0].params,
-                                   js[0].max_turns, js[0].max_context, policy_version, js[0].time_limit_s)
-                for name, js in jobs.items()}
+    waiting = jobs  # the episodes not yet handed to a loop, which closes those it is given
+    try:
+        for name, items in by_domain.items():
+            dom = domains[name]
+            n = samples or dom.group_size
+            params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=dom.max_new_tokens,
+                                    stop_token_ids=stop_token_ids(tokenizer), seed=seed)
+            jobs[name] = []
+            for k, task in enumerate(task for _, task in items for _ in range(n)):
+                jobs[name].append(EpisodeJob(task, envs[name].start(task, None), params, dom.max_turns,
+                                             dom.max_context, k, dom.time_limit_s))
+        if online:
+            waiting = {}
+            flat = run_episodes_online(backend, [j for js in jobs.values() for j in js], tokenizer, policy_version)
+            done, start = {}, 0
+            for name, js in jobs.items():
+                done[name], start = flat[start:start + len(js)], start + len(js)
+        else:
+            waiting, done = dict(jobs), {}
+            for name, js in jobs.items():
+                del waiting[name]
+                done[name] = run_episodes(backend, [(j.task, j.episode) for j in js], tokenizer, js[0].params,
+                                          js[0].max_turns, js[0].max_context, policy_version, js[0].time_limit_s)
+    except BaseException:
+        close_episodes([j.episode for js in waiting.values() for j in js])
+        raise
     results: dict[int, list[Trajectory]] = {}
     for name, items in by_domain.items():
         n = len(done[name]) // len(items)

@@ -31,7 +31,7 @@ from assay.core.types import (
     Trajectory,
 )
 from assay.envs.base import Episode
-from assay.envs.episode import close_episode, step_episode
+from assay.envs.episode import close_episode, close_episodes, step_episode
 from assay.rollout.base import GenRequest, GenResult, OnlineBackend, RolloutBackend, SamplingParams
 
 VERIFY_WORKERS = 4  # episodes verified at once (a codegen verification is a sandboxed run)
@@ -273,10 +273,10 @@ def _close(r: _Run) -> None:
 def _close_all(jobs: Sequence[EpisodeJob], runs: list[_Run]) -> None:
     """Every episode is closed once, whatever stopped the loop: a failed backend call or tool step
     must not leave an episode's sandbox open. Jobs that never became runs are closed too."""
-    for r in runs:
-        _close(r)
-    for job in jobs[len(runs):]:
-        close_episode(job.episode)
+    open_runs = [r for r in runs if not r.closed]
+    for r in open_runs:
+        r.closed = True
+    close_episodes([r.job.episode for r in open_runs] + [job.episode for job in jobs[len(runs):]])
 
 
 def _finish(r: _Run, policy_version: int) -> Trajectory:

@@ -17,6 +17,7 @@ tokens of the layout are inserted by id.
 from __future__ import annotations
 
 import inspect
+import json
 
 from transformers import PreTrainedTokenizerBase
 
@@ -62,11 +63,15 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: Task) -> list[int]:
 
 
 def _refuse_control_tokens(tokenizer: PreTrainedTokenizerBase, task: Task) -> None:
-    """Where the template would turn a control token's spelling in a message into the token itself
-    (a forged turn boundary), refuse the prompt instead."""
+    """Where the template would turn a control token's spelling in the prompt's text (messages, their
+    tool calls, the tool specs) into the token itself (a forged turn boundary), refuse the prompt instead."""
+    texts = [json.dumps(t.to_json(), ensure_ascii=False) for t in task.tools]
     for m in task.prompt:
-        if hit := next((s for s in chat_format(tokenizer).specials if s in m.content), None):
-            raise AssayError(f"task {task.task_id}: a {m.role} message contains the control token {hit!r}, which this "
+        texts += [m.content, m.name or "", m.reasoning or ""]
+        texts += [json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False) for c in m.tool_calls]
+    for text in texts:
+        if hit := next((s for s in chat_format(tokenizer).specials if s in text), None):
+            raise AssayError(f"task {task.task_id}: its prompt spells the control token {hit!r}, which this "
                              f"transformers release would render as the token itself; install transformers>=5.20 "
                              "(pip install -e . -c constraints.txt), or keep control tokens out of prompts")
 

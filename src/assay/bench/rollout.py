@@ -34,6 +34,7 @@ from assay.core.errors import AssayError
 from assay.rollout.base import GenRequest, OnlineBackend, SamplingParams
 
 BACKENDS = ("hf", "engine", "vllm-32", "vllm-128")  # vllm-B: vLLM with KV blocks of B tokens
+ROW_MARK = "assay-bench-row "  # prefixes the one stdout line a measuring process reports
 LABELS = {"hf": "HF generate", "engine": "assay engine", "vllm-32": "vLLM, block 32", "vllm-128": "vLLM, block 128"}
 
 
@@ -252,10 +253,12 @@ def _in_process_of_its_own(backend: str, w: Workload, s: Settings, python: str) 
     if backend.startswith("vllm") and s.threads > 0:  # vLLM's own advice: its OpenMP threads bound to cores
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{s.threads - 1}")
     proc = subprocess.run([python, "-m", "assay.bench.rollout", job], capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
+    # the row is the last stdout line that is one (vLLM may log to stdout after it)
+    row = next((line for line in reversed(proc.stdout.splitlines()) if line.startswith(ROW_MARK)), None)
+    if proc.returncode != 0 or row is None:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return Row(w.name, backend, 0, 0.0, note=f"failed: {tail}"[:160])
-    return Row(**json.loads(proc.stdout.strip().splitlines()[-1]))
+    return Row(**json.loads(row[len(ROW_MARK):]))
 
 
 def _progress(row: Row, round_: int) -> None:
@@ -286,7 +289,8 @@ def summarize(rows: list[Row]) -> list[dict]:
                         "x_vllm": med[b] / vllm if vllm else None,
                         "startup_s": statistics.median(r.startup_s for r in ok),
                         "peak_rss_mb": max(r.peak_rss_mb for r in ok),
-                        "hit_rate": ok[-1].hit_rate, "note": ""})
+                        "hit_rate": statistics.median(r.hit_rate for r in ok) if ok[0].hit_rate is not None else None,
+                        "note": f"{len(mine) - len(ok)} run(s) failed" if len(ok) < len(mine) else ""})
     return out
 
 
@@ -322,4 +326,4 @@ if __name__ == "__main__":  # one measurement, in a process of its own: a JSON j
     st = job["settings"]
     settings = Settings(**{**st, "model": ModelShape(**st["model"])})
     workload = Workload(**{**job["workload"], "prompt_len": tuple(job["workload"]["prompt_len"])})
-    print(json.dumps(asdict(measure(job["backend"], workload, settings))))
+    print(ROW_MARK + json.dumps(asdict(measure(job["backend"], workload, settings))))

@@ -165,6 +165,9 @@ class VLLMConfig(_Strict):
     # tokens per KV block (vLLM's CPU attention takes multiples of 32); the cache holds rollout.kv_cache_mb
     block_size: int = Field(32, gt=0)
     enforce_eager: bool = True  # no graph capture or compilation: starts in seconds
+    # the longest sequence vLLM admits (none: the model's max_position_embeddings); vLLM refuses to start when
+    # the KV cache (rollout.kv_cache_mb) cannot hold one sequence this long, so lower it for long-context models
+    max_model_len: int | None = Field(None, gt=0)
 
 
 class RolloutConfig(_Strict):
@@ -246,10 +249,17 @@ class Config(_Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"domain names must be unique, repeated: {sorted(dup)}")
-        if self.rollout.backend == "vllm" and self.train.ranks > 1 and self.pipeline.workers == "thread":
-            raise ValueError("rollout.backend: vllm starts its own torch.distributed group in the process it runs in, "
-                             "where train.ranks > 1 needs the trainer's; run the rollout in a process of its own "
-                             "(pipeline.mode: async, pipeline.workers: process) or use train.ranks: 1")
+        if self.rollout.backend == "vllm":
+            in_trainer = self.pipeline.workers == "thread" or self.eval.every > 0  # in-training evaluation is here
+            if self.train.ranks > 1 and in_trainer:
+                raise ValueError("rollout.backend: vllm starts its own torch.distributed group in the process it runs "
+                                 "in, where train.ranks > 1 needs the trainer's; run the rollout in a process of its "
+                                 "own (pipeline.mode: async, pipeline.workers: process) without in-training "
+                                 "evaluation (eval.every: 0), or use train.ranks: 1")
+            if self.pipeline.mode == "async" and self.pipeline.workers == "thread" and self.eval.every > 0:
+                raise ValueError("rollout.backend: vllm with the rollout on a thread and eval.every > 0 would run two "
+                                 "vLLM engines in one process (vLLM keeps its forward state process-wide); use "
+                                 "pipeline.workers: process, or eval.every: 0")
         return self
 
 

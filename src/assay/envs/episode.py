@@ -43,3 +43,15 @@ def close_episode(episode: object) -> None:
     close = getattr(episode, "close", None)
     if callable(close):
         close()
+
+
+def close_episodes(episodes: Sequence[object]) -> None:
+    """Close every one, even when one's close raises (the first such error is raised after all)."""
+    error: Exception | None = None
+    for episode in episodes:
+        try:
+            close_episode(episode)
+        except Exception as e:
+            error = error or e
+    if error is not None:
+        raise error

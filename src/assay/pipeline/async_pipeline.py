@@ -101,7 +101,8 @@ class AsyncPipeline(SyncPipeline):
         model = self.policy_model()  # with LoRA, the adapters folded in as they are now
         if self._eval_backend is None:
             self._eval_backend = self.make_backend(model)
-        self._eval_backend.update_weights([], version=self._seen)  # the step just trained (published after)
+        # the step just trained (published after); a backend with its own copy (vLLM) takes the weights
+        self._eval_backend.update_weights(model.named_parameters(), version=self._seen)
         return self._eval_backend
 
     def _wait(self, ready: Callable[[], bool], failed: threading.Event) -> None:
@@ -207,6 +208,8 @@ class AsyncPipeline(SyncPipeline):
                 self._lock.notify_all()
             if metrics is not None:
                 metrics.close()
+            if self.cfg.pipeline.workers == "thread" and rollout.is_alive():
+                rollout.join(timeout=60)  # the thread uses the backend until it stops: close it after
             self.close_backend(wait_s=30 if completed else 0)  # after a failure, mid-rollout work is not waited for
             self.close_ranks()
         if rollout.is_alive():

@@ -17,7 +17,7 @@ def make_backend(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrain
         from assay.rollout.vllm import VLLMBackend
 
         return VLLMBackend(model, tokenizer, block_size=cfg.vllm.block_size, kv_cache_bytes=cfg.kv_cache_mb * 2**20,
-                           enforce_eager=cfg.vllm.enforce_eager)
+                           enforce_eager=cfg.vllm.enforce_eager, max_model_len=cfg.vllm.max_model_len)
     from assay.rollout.engine import Engine, EngineConfig
 
     return Engine(model, tokenizer, EngineConfig(block_size=cfg.block_size, kv_cache_bytes=cfg.kv_cache_mb * 2**20,

