@@ -53,9 +53,8 @@ def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tupl
     env = get_env(DOMAIN)
     rows = [{"prompt": [{"role": m.role, "content": m.content} for m in t.prompt], "index": i}
             for i, t in enumerate(tasks)]
-    for t in tasks[:16]:  # TRL renders the same prompt tokens Assay's rollout does
-        theirs = tok.apply_chat_template(rows[tasks.index(t)]["prompt"], add_generation_prompt=True, tokenize=True,
-                                         return_dict=False)
+    for row, t in zip(rows[:16], tasks, strict=False):  # TRL renders the same prompt tokens Assay's rollout does
+        theirs = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
         if list(theirs) != prompt_ids(tok, t):
             raise SystemExit("TRL's prompt tokens differ from Assay's; the comparison would not be like for like")
 
@@ -116,12 +115,14 @@ def run_assay(policy: Path, a: argparse.Namespace, out: Path, dynamic: bool
                   for p in (run / "checkpoints").glob("step_*")}
 
 
-def held_out(policy_dir: Path, a: argparse.Namespace) -> float:
+def held_out(policy_dir: Path, a: argparse.Namespace) -> dict[str, float]:
+    """Held-out codegen pass@1 (value and 95% interval) of a policy directory."""
     model, tok = load_model(policy_dir)
     dom = DomainConfig(name=DOMAIN, env=DOMAIN, group_size=a.group, max_new_tokens=a.max_tokens)
     res = evaluate(make_backend(RolloutConfig(), model, tok), tok, {DOMAIN: get_env(DOMAIN)}, {DOMAIN: dom},
                    a.eval_tasks, a.eval_n, seed=1000003, temperature=1.0)
-    return res[DOMAIN].pass_at[1].mean
+    est = res[DOMAIN].pass_at[1]
+    return {"value": est.value, "low": est.low, "high": est.high}
 
 
 def main() -> None:
@@ -154,15 +155,16 @@ def main() -> None:
         curve = {s: {"at_s": at, "pass_at_1": held_out(d, a)} for s, (at, d) in sorted(ckpts.items())}
         report["runs"].append({"run": label, "wall_s": wall, "curve": curve})
     trl_curve = report["runs"][0]["curve"]
-    target = trl_curve[max(trl_curve)]["pass_at_1"]
-    print(f"held-out {DOMAIN} pass@1 ({a.eval_tasks} tasks x {a.eval_n} samples), SFT start {start:.3f}; "
+    target = trl_curve[max(trl_curve)]["pass_at_1"]["value"]
+    print(f"held-out {DOMAIN} pass@1 ({a.eval_tasks} tasks x {a.eval_n} samples), SFT start {start['value']:.3f}; "
           f"TRL's final {target:.3f}")
     for r in report["runs"]:
         c = r["curve"]
-        reach = next((s for s in sorted(c) if c[s]["pass_at_1"] >= target), None)
+        reach = next((s for s in sorted(c) if c[s]["pass_at_1"]["value"] >= target), None)
         r["reaches_trl_final_at_s"] = None if reach is None else c[reach]["at_s"]
-        print(f"{r['run']:42s} {r['wall_s']:7.1f} s  final {c[max(c)]['pass_at_1']:.3f}  by step: "
-              + " ".join(f"{s}:{c[s]['pass_at_1']:.3f}@{c[s]['at_s']:.0f}s" for s in sorted(c))
+        last = c[max(c)]["pass_at_1"]
+        print(f"{r['run']:42s} {r['wall_s']:7.1f} s  final {last['value']:.3f} [{last['low']:.3f}, {last['high']:.3f}]"
+              "  by step: " + " ".join(f"{s}:{c[s]['pass_at_1']['value']:.3f}@{c[s]['at_s']:.0f}s" for s in sorted(c))
               + (f"  reaches TRL's final at {c[reach]['at_s']:.0f} s" if reach else "  never reaches it"))
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"report: {out / 'report.json'}")
