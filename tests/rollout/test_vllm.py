@@ -5,6 +5,7 @@ import importlib.util
 
 import pytest
 import torch
+from test_engine import spread
 
 from assay.core.config import ModelConfig, RolloutConfig
 from assay.core.errors import AssayError
@@ -27,13 +28,8 @@ ATOL = 1e-4
 def policy(tok):
     """A Qwen2 policy whose heads vLLM's CPU attention takes (head size 32), with decisive logits."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                                    intermediate_size=256, max_position=256), tok)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.mul_(4)
-    return model.eval()
+    return spread(build_model(ModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                                          intermediate_size=256, max_position=256), tok))
 
 
 @pytest.fixture(scope="module")

@@ -70,6 +70,25 @@ class OnlineBackend(RolloutBackend, Protocol):
     def abort(self, request_id: int) -> None: ...
 
 
+def run_to_completion(backend: OnlineBackend, requests: Sequence[GenRequest], stalled: Callable[[], bool]
+                      ) -> list[list[GenResult]]:
+    """`generate` on an online backend: add the requests, step until every one finished (`stalled`: the
+    backend runs nothing, yet some are unfinished, a backend bug), and abort them all after a failure so
+    that nothing stays held by a request nobody will finish."""
+    ids = backend.add_requests(requests)
+    results: dict[int, list[GenResult]] = {}
+    try:
+        while len(results) < len(ids):
+            results.update(backend.step())
+            if len(results) < len(ids) and stalled():
+                raise AssayError(f"{type(backend).__name__}: requests left unfinished with nothing running "
+                                 "(a backend bug)")
+    finally:
+        for rid in ids:
+            backend.abort(rid)
+    return [results[rid] for rid in ids]
+
+
 def with_prefix_hit_rate(counts: Mapping[str, float]) -> dict[str, float]:
     """Summed engine counters, with the share of prompt tokens the prefix cache served over them."""
     rate = counts.get("cached_prompt_tokens", 0.0) / max(counts.get("prompt_tokens", 0.0), 1.0)

@@ -37,6 +37,7 @@ from assay.rollout.base import (
     ResultCallback,
     check_request,
     default_stop,
+    run_to_completion,
     stop_string_end,
     with_prefix_hit_rate,
 )
@@ -185,19 +186,10 @@ class VLLMBackend:
 
     def generate(self, requests: Sequence[GenRequest]) -> list[list[GenResult]]:
         before = Counter(self.totals)
-        ids = self.add_requests(requests)
-        results: dict[int, list[GenResult]] = {}
-        try:
-            while len(results) < len(ids):
-                results.update(self.step())
-                if not self.engine.has_unfinished_requests() and len(results) < len(ids):
-                    raise AssayError("vLLM: requests left unfinished with nothing running")
-        finally:
-            for rid in ids:
-                self.abort(rid)
+        results = run_to_completion(self, requests, stalled=lambda: not self.engine.has_unfinished_requests())
         self.last_stats = {k: float(v) for k, v in
                            with_prefix_hit_rate({k: self.totals[k] - before[k] for k in self.totals}).items()}
-        return [results[rid] for rid in ids]
+        return results
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         """Load new weights through vLLM's loader, then drop the prefix cache (its K/V are the old weights')."""

@@ -27,6 +27,7 @@ from assay.rollout.base import (
     ResultCallback,
     check_request,
     default_stop,
+    run_to_completion,
     with_prefix_hit_rate,
 )
 from assay.rollout.engine.block_manager import BlockManager
@@ -169,22 +170,13 @@ class Engine:
 
     def generate(self, requests: Seq[GenRequest]) -> list[list[GenResult]]:
         before = Counter(self.totals)
-        ids = self.add_requests(requests)
-        results: dict[int, list[GenResult]] = {}
-        try:
-            while len(results) < len(ids):
-                results.update(self.step())
-                if self.sched.idle and len(results) < len(ids):
-                    raise AssayError("engine: requests left unfinished with nothing scheduled (an engine bug)")
-        finally:
-            for rid in ids:  # after a failure, no block stays held by a sequence nobody will finish
-                self.abort(rid)
+        results = run_to_completion(self, requests, stalled=lambda: self.sched.idle)
         stats = with_prefix_hit_rate({k: self.totals[k] - before[k] for k in self.totals})
         stats["draft_proposed"] = float(self.spec_counts["proposed"])
         stats["draft_accepted"] = float(self.spec_counts["accepted"])
         self.spec_counts.clear()
         self.last_stats = {k: float(v) for k, v in stats.items()}
-        return [results[rid] for rid in ids]
+        return results
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         """Copy new weights in place (nothing is reallocated) and drop the prefix cache, whose K/V
