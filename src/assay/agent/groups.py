@@ -13,7 +13,7 @@ from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
-from assay.envs.episode import close_episodes
+from assay.envs.episode import close_episodes, start_episode
 from assay.rollout.base import OnlineBackend, RolloutBackend, SamplingParams
 
 
@@ -43,7 +43,7 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
                                     stop_token_ids=stop_token_ids(tokenizer), seed=seed)
             jobs[name] = []
             for k, task in enumerate(task for _, task in items for _ in range(n)):
-                jobs[name].append(EpisodeJob(task, envs[name].start(task, None), params, dom.max_turns,
+                jobs[name].append(EpisodeJob(task, start_episode(envs[name], task), params, dom.max_turns,
                                              dom.max_context, k, dom.time_limit_s))
         if online:
             waiting = {}

@@ -15,7 +15,12 @@ Optional (found with getattr; each has the default named):
 - `Environment.qa_kind: "answer" | "code" | "terminal"` — which cheating strategies the QA gate
   plays (default: "terminal" with a `bash` tool, else "answer"; an environment grading code
   declares "code").
+- `Environment.sandbox_limits: Limits` — the sandbox each episode needs. Declared, the framework hands
+  every episode a warm sandbox from a pool through `start(task, sandbox)` (taken on first use, given
+  back restored when the episode closes), so the environment opens none of its own; undeclared (or
+  where the host cannot isolate), `start` gets None and the environment opens what it needs.
 - `Episode.close()` — release what `start` acquired; called once on every path (default: nothing).
+  A sandbox the framework handed over is the framework's to give back: leave it.
 - `Observation.is_error` on a tool result counts as a tool error in the trajectory.
 
 What the framework stamps itself, after `generate` (`registry.generate_task`): the task's `env`

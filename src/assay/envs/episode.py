@@ -1,14 +1,18 @@
 """Acting on an episode, the one way every caller does it: the agent loops, the endpoint evaluator
-and the QA gate's player all step tool calls and close episodes through these two functions."""
+and the QA gate's player start episodes (with a pooled sandbox where the environment declares one),
+step tool calls and close episodes through these functions."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from assay.core.types import OK, ROLLOUT_ERROR, Observation, ToolCall, ToolSpec
-from assay.envs.base import Episode
+from assay.core.types import OK, ROLLOUT_ERROR, Observation, Task, ToolCall, ToolSpec
+from assay.envs.base import Environment, Episode
 from assay.envs.tools import validate_call
+from assay.sandbox import isolation_problem
+from assay.sandbox.pool import LeasedSandbox, shared_pool
 
 
 @dataclass
@@ -36,6 +40,37 @@ def step_episode(episode: Episode, calls: Sequence[ToolCall], tools: Sequence[To
         if obs.status != OK or obs.done:
             break
     return out
+
+
+@dataclass
+class _Leased:
+    """An episode with the pooled sandbox the framework gave it: closing it gives the sandbox back."""
+
+    episode: Episode
+    sandbox: Any
+
+    def __getattr__(self, name: str) -> Any:  # step, verify, tool_errors, ...: the episode's own
+        return getattr(self.episode, name)
+
+    def close(self) -> None:
+        try:
+            close_episode(self.episode)
+        finally:
+            self.sandbox.close()
+
+
+def start_episode(env: Environment, task: Task) -> Episode:
+    """`env.start(task, sandbox)`: with a warm sandbox from this process's pool where the environment
+    declares `sandbox_limits` and the host can isolate, else with None (the environment opens its own)."""
+    limits = getattr(env, "sandbox_limits", None)
+    if limits is None or isolation_problem() is not None:
+        return env.start(task, None)
+    sandbox = LeasedSandbox(shared_pool(limits))
+    try:
+        return _Leased(env.start(task, sandbox), sandbox)
+    except BaseException:
+        sandbox.close()
+        raise
 
 
 def close_episode(episode: object) -> None:

@@ -16,7 +16,7 @@ from assay.core.config import DomainConfig
 from assay.core.errors import AssayError
 from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observation, Task, ToolCall, Trajectory
 from assay.envs.base import Environment
-from assay.envs.episode import close_episode, step_episode
+from assay.envs.episode import close_episode, start_episode, step_episode
 
 CONCURRENCY = 8  # episodes in flight against the server
 
@@ -74,7 +74,7 @@ def _wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainConfig, temperature: float,
              seed: int | None) -> Trajectory:
-    episode = env.start(task, None)
+    episode = start_episode(env, task)
     messages = list(task.prompt)
     tools = [{"type": "function", "function": spec.to_json()} for spec in task.tools]
     usage = {"prompt_tokens": 0, "completion_tokens": 0}

@@ -10,6 +10,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from assay.core.errors import ConfigError
 from assay.sandbox.base import Limits
@@ -140,3 +141,47 @@ class SandboxPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LeasedSandbox:
+    """A sandbox for one episode, taken from a pool on first use and given back (restored to the pool's
+    snapshot) on `close`. When the pool has none free it opens a fresh one instead of waiting: an episode
+    holds its sandbox across turns, and in a lockstep batch more episodes may need one than the pool has."""
+
+    def __init__(self, pool: SandboxPool) -> None:
+        self._pool = pool
+        self._sbx: NamespaceSandbox | None = None
+        self._pooled = False
+        self.closed = False
+
+    def _get(self) -> NamespaceSandbox:
+        if self.closed:
+            raise SandboxError("the episode's sandbox was given back; the episode is over")
+        if self._sbx is None:
+            try:
+                self._sbx, self._pooled = self._pool.acquire(timeout=0), True
+            except TimeoutError:
+                self._sbx = NamespaceSandbox(self._pool.limits, self._pool.base)
+        return self._sbx
+
+    def __getattr__(self, name: str) -> Any:  # the Sandbox protocol, on the leased sandbox
+        return getattr(self._get(), name)
+
+    def close(self) -> None:
+        if self._sbx is not None and not self.closed:
+            (self._pool.release if self._pooled else NamespaceSandbox.close)(self._sbx)
+        self.closed = True
+
+
+_shared: dict[tuple, SandboxPool] = {}
+_shared_lock = threading.Lock()
+SHARED_POOL_SIZE = 8  # warm sandboxes per set of limits in a process (the verifier threads, and some)
+
+
+def shared_pool(limits: Limits) -> SandboxPool:
+    """This process's pool of warm sandboxes with these limits, made on first use."""
+    key = tuple(vars(limits).values())
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = SandboxPool(SHARED_POOL_SIZE, limits)
+        return _shared[key]
