@@ -283,3 +283,23 @@ def test_max_seqs_bounds_a_forked_group_too(tok, policy):
     group = engine.generate([GenRequest(prompt, GREEDY, n=7)])[0]
     assert [r.token_ids for r in group] == [hf_greedy(policy, tok, [prompt])[0]] * 7
     assert max(widths) == 3
+
+
+def test_stop_string_end_windowed_equals_scanning_whole_prefixes(tok):
+    from assay.rollout.base import stop_string_end
+
+    def naive(completion, stops):
+        return next((end for end in range(1, len(completion) + 1)
+                     if any(s in tok.decode(completion[:end], skip_special_tokens=False) for s in stops)), None)
+
+    g = torch.Generator().manual_seed(3)
+    for _ in range(40):
+        completion = torch.randint(0, len(tok), (30,), generator=g).tolist()
+        a, b = sorted(torch.randint(0, 30, (2,), generator=g).tolist())
+        stops = [tok.decode(completion[a:b + 1]), "never-there"]
+        want = naive(completion, stops)
+        assert stop_string_end(tok, completion, stops) == want
+        if want is not None:  # checked in two halves, as a step-by-step caller does
+            half = want // 2
+            first = stop_string_end(tok, completion[:half], stops)
+            assert (first or stop_string_end(tok, completion, stops, half)) == want

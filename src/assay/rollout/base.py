@@ -120,13 +120,15 @@ def check_request(r: GenRequest) -> None:
         raise AssayError("generate: an empty stop string; remove it from stop")
 
 
-def stop_string_end(tokenizer: Any, completion: list[int], stops: list[str]) -> int | None:
+def stop_string_end(tokenizer: Any, completion: list[int], stops: list[str], start: int = 0) -> int | None:
     """The number of completion tokens up to and including the one that completes the first stop
-    string, or None."""
+    string, or None; only ends after `start` are looked at (those up to it were checked before). Each
+    end decodes a window of its last tokens (a token spells at least one byte), not the whole prefix."""
     if not stops:
         return None
-    for end in range(1, len(completion) + 1):
-        text = tokenizer.decode(completion[:end], skip_special_tokens=False)
+    window = max(len(s) for s in stops) + 4
+    for end in range(start + 1, len(completion) + 1):
+        text = tokenizer.decode(completion[max(0, end - window):end], skip_special_tokens=False)
         if any(s in text for s in stops):
             return end
     return None

@@ -64,6 +64,7 @@ class _Request:
     stops: list[str]
     on_done: ResultCallback | None
     results: dict[int, GenResult] = field(default_factory=dict)  # sample index -> its result
+    checked: dict[int, int] = field(default_factory=dict)  # sample index -> tokens already checked for stops
 
 
 class VLLMBackend:
@@ -111,6 +112,8 @@ class VLLMBackend:
     def add_requests(self, requests: Sequence[GenRequest], on_done: ResultCallback | None = None) -> list[int]:
         for r in requests:
             check_request(r)
+            if r.params.stop and self.tokenizer is None:
+                raise AssayError("generate: stop strings need a tokenizer to read them; give VLLMBackend one")
             if len(r.prompt_ids) >= self.max_len:
                 raise AssayError(f"generate: a prompt of {len(r.prompt_ids)} tokens leaves no room in the model's "
                                  f"{self.max_len} positions; shorten it")
@@ -151,7 +154,8 @@ class VLLMBackend:
                 continue
             o = out.outputs[0]
             toks = list(o.token_ids)
-            cut = stop_string_end(self.tokenizer, toks, req.stops) if req.stops else None
+            cut = stop_string_end(self.tokenizer, toks, req.stops, req.checked.get(j, 0)) if req.stops else None
+            req.checked[j] = len(toks)
             if not out.finished and cut is None:
                 continue
             if not out.finished:

@@ -28,6 +28,7 @@ from assay.rollout.base import (
     check_request,
     default_stop,
     run_to_completion,
+    stop_string_end,
     with_prefix_hit_rate,
 )
 from assay.rollout.engine.block_manager import BlockManager
@@ -333,10 +334,8 @@ class Engine:
     def _finish_reason(self, seq: Sequence, tok: int) -> str:
         if tok in seq.stop_ids:
             return "stop"
-        if seq.params.stop and self.tokenizer is not None:  # checked every token: a match is new
-            window = max(len(s) for s in seq.params.stop) + 4  # tokens, each at least one byte
-            text = self.tokenizer.decode(seq.completion[-window:], skip_special_tokens=False)
-            if any(s in text for s in seq.params.stop):
+        if seq.params.stop and self.tokenizer is not None:  # checked every token: only the last end is new
+            if stop_string_end(self.tokenizer, seq.completion, seq.params.stop, len(seq.completion) - 1):
                 return "stop"
         if len(seq.completion) >= seq.params.max_tokens or len(seq.tokens) >= self.model.max_positions:
             return "length"
