@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 from torch import Tensor
 
 from assay.core.errors import AssayError
@@ -102,6 +104,26 @@ def default_stop(model: Any, tokenizer: Any | None) -> list[int]:
         return stop_token_ids(tokenizer)
     eos = model.generation_config.eos_token_id if model.generation_config else None
     return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def sample_seeds(requests: Sequence[GenRequest]) -> list[list[int | None]]:
+    """A 64-bit seed per sample of each request (None when unseeded): the k-th sample of a seed in the
+    call draws (seed, k), or (seed, stream + j) where the request names its stream, so that a sample
+    does not depend on which other requests share the call."""
+    uses: Counter[int] = Counter()
+    out: list[list[int | None]] = []
+    for r in requests:
+        seeds: list[int | None] = []
+        for j in range(r.n):
+            if r.params.seed is None:
+                seeds.append(None)
+                continue
+            k = r.stream + j if r.stream is not None else uses[r.params.seed]
+            uses[r.params.seed] += 1
+            hi, lo = np.random.SeedSequence([r.params.seed, k]).generate_state(2, dtype=np.uint32)
+            seeds.append(int(hi) << 32 | int(lo))
+        out.append(seeds)
+    return out
 
 
 def check_request(r: GenRequest) -> None:

@@ -25,7 +25,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -38,6 +37,7 @@ from assay.rollout.base import (
     check_request,
     default_stop,
     run_to_completion,
+    sample_seeds,
     stop_string_end,
     with_prefix_hit_rate,
 )
@@ -117,19 +117,13 @@ class VLLMBackend:
             if len(r.prompt_ids) >= self.max_len:
                 raise AssayError(f"generate: a prompt of {len(r.prompt_ids)} tokens leaves no room in the model's "
                                  f"{self.max_len} positions; shorten it")
-        uses: Counter[int] = Counter()  # the k-th sample of a seed in this call draws stream k, as in the engine
         ids = []
-        for r in requests:
+        for r, seeds in zip(requests, sample_seeds(requests), strict=True):  # the engine's streams
             rid, self._next = self._next, self._next + 1
             self._requests[rid] = _Request(r.n, list(r.params.stop), on_done)
-            for j in range(r.n):
-                seed = None
-                if r.params.seed is not None:
-                    k = r.stream + j if r.stream is not None else uses[r.params.seed]
-                    uses[r.params.seed] += 1
-                    seed = int(np.random.SeedSequence([r.params.seed, k]).generate_state(1, dtype=np.uint32)[0])
+            for j, seed in enumerate(seeds):  # vLLM takes the stream's high 32 bits as its seed
                 self.engine.add_request(f"{rid}.{j}", {"prompt_token_ids": list(r.prompt_ids)},
-                                        self._params(r, seed))
+                                        self._params(r, None if seed is None else seed >> 32))
             self.totals["prompt_tokens"] += len(r.prompt_ids) * r.n
             ids.append(rid)
         return ids
@@ -154,7 +148,7 @@ class VLLMBackend:
                 continue
             o = out.outputs[0]
             toks = list(o.token_ids)
-            cut = stop_string_end(self.tokenizer, toks, req.stops, req.checked.get(j, 0)) if req.stops else None
+            cut = stop_string_end(self.tokenizer, toks, req.stops, req.checked.get(j, 0))
             req.checked[j] = len(toks)
             if not out.finished and cut is None:
                 continue

@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-import numpy as np
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -28,6 +27,7 @@ from assay.rollout.base import (
     check_request,
     default_stop,
     run_to_completion,
+    sample_seeds,
     stop_string_end,
     with_prefix_hit_rate,
 )
@@ -199,19 +199,11 @@ class Engine:
 
     def _sequences(self, requests: Seq[GenRequest]) -> list[list[Sequence]]:
         leaders: dict[tuple[int, ...], Sequence] = {}
-        seed_uses: dict[int, int] = {}
         out: list[list[Sequence]] = []
-        for r in requests:
+        for r, streams in zip(requests, sample_seeds(requests), strict=True):  # each sample's own stream
             group = []
             stop = frozenset(r.params.stop_token_ids or self.default_stop)
-            for j in range(r.n):
-                stream = None
-                if r.params.seed is not None:  # the k-th sequence of a seed in this call: its own stream
-                    k = seed_uses[r.params.seed] = seed_uses.get(r.params.seed, -1) + 1
-                    if r.stream is not None:
-                        k = r.stream + j
-                    hi, lo = np.random.SeedSequence([r.params.seed, k]).generate_state(2, dtype=np.uint32)
-                    stream = int(hi) << 32 | int(lo)
+            for stream in streams:
                 seq = Sequence(self._next_seq, list(r.prompt_ids), len(r.prompt_ids), r.params, stop, stream)
                 self._next_seq += 1
                 key = tuple(r.prompt_ids)
