@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -113,9 +114,16 @@ def load_model(
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"model directory {str(d)!r} could not be loaded ({msg}); re-save it") from e
     saved = d / TEMPLATE_KWARGS_FILE
-    set_template_kwargs(tokenizer, cfg.chat_template_kwargs or (json.loads(saved.read_text()) if saved.is_file() else {}))
-    chat_format(tokenizer)  # a tokenizer whose template cannot lay out turns is named here, not deep in a rollout
+    use_template(tokenizer, cfg.chat_template_kwargs or (json.loads(saved.read_text()) if saved.is_file() else {}))
     return model, tokenizer
+
+
+def use_template(tokenizer: PreTrainedTokenizerBase, kwargs: dict[str, Any]) -> None:
+    """Bind these chat-template kwargs to the tokenizer (none: keep what it has) and read its layout now,
+    so that a template that cannot lay out turns is named here, not deep in a rollout."""
+    if kwargs:
+        set_template_kwargs(tokenizer, kwargs)
+    chat_format(tokenizer)
 
 
 def set_threads(n: int) -> None:

@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from assay.core.chat_format import chat_format, set_template_kwargs
 from assay.core.checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from assay.core.config import Config, dump_config
-from assay.core.modeling import apply_threads, load_model, place, save_model
+from assay.core.modeling import apply_threads, load_model, place, save_model, use_template
 from assay.core.storage import MetricsLogger, TrajectoryWriter, atomic_write
 from assay.core.types import Task, Trajectory
 from assay.envs.registry import env_spec
@@ -50,9 +49,7 @@ class SyncPipeline:
         elif given.policy is not None:
             model, self.tokenizer = given.policy
             self.model = place(model, cfg.model)
-            if cfg.model.chat_template_kwargs:  # as load_model applies them to a policy read from disk
-                set_template_kwargs(self.tokenizer, cfg.model.chat_template_kwargs)
-            chat_format(self.tokenizer)  # a template that cannot lay out turns is named here
+            use_template(self.tokenizer, cfg.model.chat_template_kwargs)  # as load_model does
         else:
             self.model, self.tokenizer = build_policy(cfg, self.envs)
         self.threads = apply_threads(cfg.threads, self.model)
