@@ -298,7 +298,8 @@ def table(rows: list[Row], settings: Settings) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    params_m = sum(p.numel() for p in build_model(settings.model, torch.float32).parameters()) / 1e6
+    with torch.device("meta"):  # counted, not allocated: this process measures nothing itself
+        params_m = sum(p.numel() for p in build_model(settings.model, torch.float32, "meta").parameters()) / 1e6
     t = Table(title=f"rollout: {params_m:.1f}M-parameter qwen2, {settings.dtype}, {settings.device}, "
                     f"{settings.threads or torch.get_num_threads()} threads, torch {torch.__version__}; "
                     "medians over rounds, each run a fresh process")
