@@ -190,8 +190,18 @@ class RayConfig(_Strict):
     address: str | None = None  # an existing cluster to join; none starts a local one for the run
     num_cpus: int | None = Field(None, gt=0)  # a local cluster's CPUs (none: the machine's)
     rollout_workers: int = Field(1, gt=0)  # actors a step's tasks are split over
-    rollout_cpus: float = Field(1.0, ge=0)  # resources each rollout actor asks for
+    rollout_cpus: float = Field(1.0, ge=0)  # resources each rollout actor asks for: one placement-group bundle
     rollout_gpus: float = Field(0.0, ge=0)
+    # how a placement group lays out its bundles over the nodes (Ray's strategies): pack onto as few
+    # nodes as fit, spread over as many, strict_pack on one node, strict_spread on distinct nodes
+    placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
+
+    @model_validator(mode="after")
+    def _bundle_holds_something(self) -> RayConfig:
+        if self.rollout_cpus == 0 and self.rollout_gpus == 0:
+            raise ValueError("rollout_cpus: 0 with rollout_gpus: 0 leaves a rollout actor's placement-group bundle "
+                             "empty, which Ray cannot reserve; give an actor some CPU (e.g. rollout_cpus: 0.5) or GPU")
+        return self
 
 
 class PipelineConfig(_Strict):

@@ -3,15 +3,20 @@ machine or across a cluster, a step's tasks split over `pipeline.ray.rollout_wor
 
 Weights go into Ray's object store once per version and every actor reads them from there. Each actor
 gets a contiguous part of the step's tasks (with distinct group ids and random streams: `first`), and
-the parts come back in order. An actor that dies (its process killed, its node lost) or runs a part
-past `pipeline.worker_timeout_s` is replaced by a new actor started from the last weights, and the
-part it held is issued again, up to `pipeline.worker_restarts` times over the run. With one actor a
-run samples exactly what the worker process samples. The number of actors can change while the run
-goes on (`assay scale runs/NAME N`, read before each rollout)."""
+the parts come back in order. Each actor sits in a bundle of a Ray placement group (its CPUs and
+GPUs, laid out by `pipeline.ray.placement`): one group for the actors the run starts with, one more
+for each batch added by a scale-up. An actor that dies (its process killed, its node lost) or runs a
+part past `pipeline.worker_timeout_s` is replaced by a new actor in the same bundle, started from the
+last weights, and the part it held is issued again, up to `pipeline.worker_restarts` times over the
+run; when the cluster cannot place the replacement (its node gone, no room elsewhere) within
+`RESIZE_WAIT_S` the run goes on with one actor fewer. With one actor a run samples exactly what the
+worker process samples. The number of actors can change while the run goes on (`assay scale
+runs/NAME N`, read before each rollout)."""
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import shutil
 import tempfile
@@ -32,7 +37,13 @@ from assay.pipeline.worker import POLL_S, add_counts, copies, rollout_tasks, tak
 # Ray's session directory holds Unix sockets, whose paths the kernel caps at 107 bytes
 MAX_TEMP_DIR = 60
 SCALE_FILE = "rollout_workers"  # in the run directory: the number of rollout actors wanted now
-RESIZE_WAIT_S = 120.0  # actors added mid-run that have not started by then cannot be placed
+RESIZE_WAIT_S = 120.0  # a placement group, or an actor added or replaced mid-run, not placed by then cannot be
+
+log = logging.getLogger(__name__)
+
+
+class _Unplaced(AssayError):
+    """The cluster did not place an actor (or its bundle) within the wait."""
 
 
 def request_scale(run_dir: Path, n: int) -> None:
@@ -116,33 +127,87 @@ class RayRollout:
         self.started, self.temp = start_ray(cfg, run_dir)
         self.ray, self.cfg, self.run_dir = ray, cfg, run_dir
         self.actors: list[Any] = []
+        self.slots: list[tuple[Any, int]] = []  # each actor's bundle: (placement group, index)
+        self.vacant: list[tuple[Any, int]] = []  # bundles reserved in a group that holds no actor now
+        self.groups: list[Any] = []  # the placement groups made, each removed once none of its bundles holds an actor
+        self.refused: tuple[str, int] | None = None  # the scale file (text, mtime) whose width could not be placed
         self.closed = False
         self.updates: list[tuple[Any, int]] = []  # weight loads not yet checked, with their versions
         r = cfg.pipeline.ray
         self.restarts, self.timeout_s = cfg.pipeline.worker_restarts, cfg.pipeline.worker_timeout_s
         self.version = 0
         self.totals: Counter[str] = Counter()
+        self.bundle = {k: v for k, v in (("CPU", r.rollout_cpus), ("GPU", r.rollout_gpus)) if v}
+        self.strategy = r.placement.upper()  # Ray's PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
         try:
             self.actor_class = ray.remote(num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus)(_RolloutActor)
             self.refs = (ray.put(copy.deepcopy(model)), ray.put(tokenizer), ray.put(envs))
             self.weights = ray.put(copies(model.state_dict().items()))  # what a replacement starts from
-            self.actors = [self._new_actor() for _ in range(r.rollout_workers)]
+            self.slots = self._reserve(r.rollout_workers)
+            self.actors = [self._new_actor(slot) for slot in self.slots]
             self._started(self.actors)
+            self._placed()
         except BaseException:
             self.close()
             raise
 
-    def _new_actor(self) -> Any:
+    def _reserve(self, n: int) -> list[tuple[Any, int]]:
+        """Bundles for `n` new actors: those reserved and vacant first, then a new placement group of the
+        rest (one bundle per actor, `pipeline.ray.placement`), placed within RESIZE_WAIT_S or refused."""
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        taken, self.vacant = self.vacant[:n], self.vacant[n:]
+        if len(taken) == n:
+            return taken
+        group = placement_group([dict(self.bundle) for _ in range(n - len(taken))], strategy=self.strategy)
+        if not group.wait(RESIZE_WAIT_S):
+            remove_placement_group(group)
+            self.vacant = taken + self.vacant
+            raise _Unplaced(f"the cluster cannot place a placement group of {n - len(taken)} bundles of "
+                            f"{self.bundle} ({self.strategy}) within {RESIZE_WAIT_S:.0f} s: free resources, or ask "
+                            "for fewer (pipeline.ray.rollout_workers, rollout_cpus, rollout_gpus) or a looser "
+                            "pipeline.ray.placement")
+        self.groups.append(group)
+        return taken + [(group, i) for i in range(n - len(taken))]
+
+    def _release(self, slots: list[tuple[Any, int]]) -> None:
+        """Bundles whose actors are gone stay reserved for the next scale-up; a group none of whose
+        bundles holds an actor any more is removed (its resources go back to the cluster)."""
+        from ray.util.placement_group import remove_placement_group
+
+        self.vacant += slots
+        for group in [g for g in self.groups if not any(g is s[0] for s in self.slots)]:
+            remove_placement_group(group)
+            self.groups.remove(group)
+            self.vacant = [s for s in self.vacant if s[0] is not group]
+
+    def _placed(self) -> None:
+        """Log where the actors are: their bundles, groups and nodes (`rollout/placement_*`)."""
+        from ray.util.placement_group import placement_group_table
+
+        tables = {id(g): placement_group_table(g) for g in self.groups}
+        nodes = {tables[id(g)].get("bundles_to_node_id", {}).get(i) for g, i in self.slots} - {None, ""}
+        self.totals["placement_bundles"] = len(self.slots) + len(self.vacant)
+        self.totals["placement_nodes"] = len(nodes)
+        log.info("rollout placement: %d actors in bundles of %s (%s; %d groups, %d bundles vacant) on %d nodes",
+                 len(self.actors), self.bundle, self.strategy, len(self.groups), len(self.vacant), len(nodes))
+
+    def _new_actor(self, slot: tuple[Any, int]) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         model, tokenizer, envs = self.refs
-        return self.actor_class.remote(self.cfg, model, tokenizer, envs, self.weights, self.version)
+        group, index = slot
+        where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+        return self.actor_class.options(scheduling_strategy=where).remote(self.cfg, model, tokenizer, envs,
+                                                                          self.weights, self.version)
 
     def _started(self, actors: list[Any], timeout_s: float | None = None) -> None:
         """Wait until the actors serve; one that could not start is an error now, not a death later."""
         try:
             self.ray.get([a.pid.remote() for a in actors], timeout=timeout_s)
         except self.ray.exceptions.GetTimeoutError:
-            raise AssayError(f"rollout workers (Ray actors) did not start within {timeout_s:.0f} s: the cluster "
-                             "cannot place them (pipeline.ray.rollout_cpus, rollout_gpus)") from None
+            raise _Unplaced(f"rollout workers (Ray actors) did not start within {timeout_s:.0f} s: the cluster "
+                            "cannot place them (pipeline.ray.rollout_cpus, rollout_gpus)") from None
         except self.ray.exceptions.RayError as e:
             raise AssayError(f"a rollout worker (Ray actor) could not start: {e}\ndefine the environments in an "
                              "importable module, or set pipeline.workers: process") from None
@@ -177,31 +242,39 @@ class RayRollout:
         if n < 1:
             raise AssayError(f"rollout workers: need at least one, got {n}")
         if n > len(self.actors):
-            added = [self._new_actor() for _ in range(n - len(self.actors))]
+            slots = self._reserve(n - len(self.actors))
+            added = [self._new_actor(slot) for slot in slots]
             try:
                 self._started(added, timeout_s=RESIZE_WAIT_S)
             except AssayError:
                 for actor in added:
                     self.ray.kill(actor, no_restart=True)
+                self._release(slots)
                 raise
             self.actors += added
+            self.slots += slots
         for actor in self.actors[n:]:
             self.ray.kill(actor, no_restart=True)
-        del self.actors[n:]
+        stopped = self.slots[n:]
+        del self.actors[n:], self.slots[n:]
+        self._release(stopped)
+        self._placed()
 
     def _follow_scale_file(self) -> None:
         """`assay scale runs/NAME N` writes the width the run should have; it is read before each rollout."""
+        path = self.run_dir / SCALE_FILE
         try:
-            text = (self.run_dir / SCALE_FILE).read_text().strip()
+            asked = (text := path.read_text().strip()), path.stat().st_mtime_ns
         except FileNotFoundError:
             return
         if not text.isdigit() or int(text) < 1:
             return  # a file being written, or nonsense: the width stays (assay scale checks what it writes)
-        if int(text) != len(self.actors):
+        if int(text) != len(self.actors) and asked != self.refused:  # a refused width is retried once rewritten
             try:
                 self.resize(int(text))
             except AssayError:  # more than the cluster can place: the run goes on at the width it has
                 self.totals["resize_refused"] = int(text)
+                self.refused = asked
             self.totals["resized_to"] = len(self.actors)
 
     def rollout(self, tasks: Sequence[Task], step: int, attempt: int) -> list[Trajectory]:
@@ -210,35 +283,54 @@ class RayRollout:
         n = len(self.actors)
         bounds = [len(tasks) * i // n for i in range(n + 1)]
         parts = {i: (bounds[i], list(tasks[bounds[i]:bounds[i + 1]])) for i in range(n) if bounds[i + 1] > bounds[i]}
-        pending = {i: self._issue(i, part, step, attempt) for i, part in parts.items()}
+        # part i -> (its result, when its actor began it, the actor); a part's result does not depend on
+        # which actor samples it (its seed and group ids come from `first`), so any actor may take it over
+        pending = {i: self._issue(self.actors[i], part, step, attempt) for i, part in parts.items()}
         done: dict[int, list[Trajectory]] = {}
         while pending:
             if self.closed:
                 raise AssayError("the rollout workers were closed while a rollout waited for them")
-            ready, _ = self.ray.wait([ref for ref, _ in pending.values()], num_returns=1, timeout=POLL_S)
-            for i, (ref, asked) in list(pending.items()):
+            ready, _ = self.ray.wait([ref for ref, _, _ in pending.values()], num_returns=1, timeout=POLL_S)
+            for i in list(pending):
+                ref, asked, actor = pending[i]  # read afresh: a part done before may have restarted this one's clock
                 if ref in ready:
                     try:
                         trajs, stats = self.ray.get(ref)
-                    except self.ray.exceptions.RayActorError:  # died: a new actor takes its part
-                        self._replace(i)
-                        pending[i] = self._issue(i, parts[i], step, attempt)
+                    except self.ray.exceptions.RayActorError:  # died: a new actor (or another one) takes its part
+                        pending[i] = self._issue(self._successor(actor, pending), parts[i], step, attempt)
                         continue
                     except self.ray.exceptions.RayTaskError as e:
                         raise AssayError(f"rollout worker {i} failed:\n{e}") from None
                     add_counts(self.totals, stats)
                     done[i] = trajs
                     del pending[i]
+                    for j, (other, _, by) in pending.items():  # a part queued behind this one begins now
+                        if by is actor:
+                            pending[j] = (other, time.monotonic(), by)
                 elif self.timeout_s and time.monotonic() - asked > self.timeout_s:
-                    self.ray.kill(self.actors[i], no_restart=True)  # hung: its result raises RayActorError
-                    pending[i] = (ref, float("inf"))
+                    self.ray.kill(actor, no_restart=True)  # hung: its results raise RayActorError
+                    for j, (other, _, by) in pending.items():
+                        if by is actor:
+                            pending[j] = (other, float("inf"), by)
         return [t for i in sorted(done) for t in done[i]]
 
-    def _issue(self, i: int, part: tuple[int, list[Task]], step: int, attempt: int) -> tuple[Any, float]:
+    def _issue(self, actor: Any, part: tuple[int, list[Task]], step: int, attempt: int) -> tuple[Any, float, Any]:
         first, tasks = part
-        return self.actors[i].rollout.remote(tasks, step, attempt, first), time.monotonic()
+        return actor.rollout.remote(tasks, step, attempt, first), time.monotonic(), actor
 
-    def _replace(self, i: int) -> None:
+    def _successor(self, dead: Any, pending: dict[int, tuple[Any, float, Any]]) -> Any:
+        """The actor to take over a part of `dead`: its replacement, or, when the cluster could not place
+        one (or another part of `dead` already had it replaced), the actor with the fewest parts."""
+        if any(a is dead for a in self.actors):
+            new = self._replace(dead)
+            if new is not None:
+                return new
+        return min(self.actors, key=lambda a: sum(by is a for _, _, by in pending.values()))
+
+    def _replace(self, dead: Any) -> Any:
+        """A new actor in the dead one's bundle, or None when the cluster cannot place it within
+        RESIZE_WAIT_S (its node lost, no room on another): the run then goes on with one actor fewer."""
+        i = next(j for j, a in enumerate(self.actors) if a is dead)
         if self.closed:
             raise AssayError("the rollout workers were closed while a rollout waited for them")
         if self.restarts <= 0:
@@ -246,9 +338,27 @@ class RayRollout:
                              "replacements; `assay train --resume runs/NAME` continues from the last checkpoint")
         self.restarts -= 1
         self.totals["worker_restarts"] += 1
-        self.ray.kill(self.actors[i], no_restart=True)  # one merely unreachable must not linger
-        self.actors[i] = self._new_actor()
-        self._started([self.actors[i]])
+        self.ray.kill(dead, no_restart=True)  # one merely unreachable must not linger
+        self.actors[i] = self._new_actor(self.slots[i])
+        try:
+            self._started([self.actors[i]], timeout_s=RESIZE_WAIT_S)
+        except _Unplaced:
+            self.ray.kill(self.actors[i], no_restart=True)
+            lost = self.slots[i]
+            del self.actors[i], self.slots[i]
+            if not self.actors:
+                raise AssayError(f"rollout worker {i} (a Ray actor) died and the cluster cannot place a replacement "
+                                 f"within {RESIZE_WAIT_S:.0f} s (its node lost?), and no other worker is left; "
+                                 "`assay train --resume runs/NAME` continues from the last checkpoint") from None
+            self._release([lost])  # its bundle waits for a node; a scale-up reuses it
+            self.totals["workers_lost"] += 1
+            self.totals["resized_to"] = len(self.actors)
+            log.warning("rollout worker %d died and the cluster cannot place a replacement within %.0f s; the run "
+                        "goes on with %d", i, RESIZE_WAIT_S, len(self.actors))
+            self._placed()
+            return None
+        self._placed()
+        return self.actors[i]
 
     def pids(self) -> list[int]:
         return self.ray.get([a.pid.remote() for a in self.actors])
@@ -261,6 +371,12 @@ class RayRollout:
         self.closed = True
         for actor in self.actors:
             self.ray.kill(actor, no_restart=True)
+        if self.groups:
+            from ray.util.placement_group import remove_placement_group
+
+            for group in self.groups:
+                remove_placement_group(group)
+            self.groups = []
         if self.started:
             self.ray.shutdown()
             if self.temp:
