@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import random
 
 import pytest
 
 from assay.core.types import Message, Task
-from assay.envs.builtin._pyjudge import build_harness, encode, extract_code, judge
+from assay.envs.builtin._pyjudge import _result_line, build_harness, encode, extract_code, judge
 from assay.envs.builtin.codegen import FAMILIES, CodegenEnv
-from assay.sandbox import ExecResult, Limits, ProcessSandbox
+from assay.sandbox import ExecResult, Limits, ProcessSandbox, open_sandbox
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,7 @@ class _BrokenSandbox:
     def __init__(self, raise_os_error: bool) -> None:
         self.raise_os_error = raise_os_error
 
-    def run_python(self, code: str, stdin: str | None = None, timeout: float | None = None) -> ExecResult:
+    def exec(self, cmd: list[str], stdin: str | None = None, timeout: float | None = None) -> ExecResult:
         if self.raise_os_error:
             raise OSError("no space left on device")
         return ExecResult("", "could not create namespace", -1, 0.0, status="sandbox_error")
@@ -149,3 +150,19 @@ def test_extract_code():
     two = "```\nprint(1)\n```\n```python\ndef f(x):\n    return 4\n```"
     assert extract_code(two) == "def f(x):\n    return 4"
     assert extract_code("") == ""
+
+
+def test_a_result_line_is_read_as_a_literal_and_nothing_else():
+    nonce = "@@n@@"
+    ok = _result_line(f"noise\n{nonce}{{'results': [{{'ok': ['int', 3]}}]}}\n", nonce, ast.literal_eval)
+    assert ok == {"results": [{"ok": ["int", 3]}]}
+    for forged in ["__import__('os').system('true')", "{'results': [" * 400, "[1, 2]", "(" + "9" * 5000 + ")"]:
+        assert _result_line(f"{nonce}{forged}\n", nonce, ast.literal_eval) is None
+
+
+@pytest.mark.usefixtures("isolated")
+def test_the_harness_starts_without_site(env):
+    with open_sandbox(env.sandbox_limits) as sbx:
+        reward = judge("import sys\ndef f(x):\n    return int(sys.flags.no_site and sys.flags.isolated)",
+                       [[0], [1]], [1, 1], sbx, 2.0)
+    assert reward.passed, reward.details

@@ -44,12 +44,12 @@ def _toy(version: str) -> type:
 
 
 def test_builtins_are_listed():
-    assert list_envs() == [("arith", "2"), ("codegen", "2"), ("jsonl", "2"), ("terminal", "2"), ("toolcalc", "2")]
+    assert list_envs() == [("arith", "2"), ("codegen", "3"), ("jsonl", "2"), ("terminal", "3"), ("toolcalc", "2")]
 
 
 def test_name_and_name_at_version_resolve():
     assert isinstance(get_env("arith"), ArithEnv) and isinstance(get_env("arith@2"), ArithEnv)
-    assert get_env("codegen", timeout_s=1.5).limits.timeout_s == 1.5
+    assert get_env("codegen", timeout_s=1.5).sandbox_limits.timeout_s == 1.5
 
 
 def test_unknown_name_lists_the_known_environments():

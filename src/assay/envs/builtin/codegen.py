@@ -171,7 +171,7 @@ class CodegenEpisode:
 @register
 class CodegenEnv:
     name = "codegen"
-    version = "2"
+    version = "3"
     category = "code"
     qa_kind = "code"
     difficulties = (1, 2, 3, 4)
@@ -179,7 +179,8 @@ class CodegenEnv:
     hash_deps = ("assay.envs.builtin._common", "assay.envs.builtin._pyjudge")
 
     def __init__(self, timeout_s: float = 3.0, memory_mb: int = 256) -> None:
-        self.limits = Limits(timeout_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), memory_mb=memory_mb,
+        # Declared, the framework hands each episode a warm pooled sandbox, restored between episodes.
+        self.sandbox_limits = Limits(timeout_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), memory_mb=memory_mb,
                              max_procs=16, file_size_mb=1, output_bytes=64 * 1024)
 
     def generate(self, rng: random.Random, difficulty: int) -> Task:
@@ -209,4 +210,4 @@ class CodegenEnv:
         return [Message("assistant", f"```python\n{task.payload['code']}\n```")]
 
     def start(self, task: Task, sandbox: Sandbox | None) -> CodegenEpisode:
-        return CodegenEpisode(task, sandbox, self.limits)
+        return CodegenEpisode(task, sandbox, self.sandbox_limits)

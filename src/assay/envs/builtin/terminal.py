@@ -412,7 +412,7 @@ class TerminalEpisode:
 @register
 class TerminalEnv:
     name = "terminal"
-    version = "2"
+    version = "3"
     category = "terminal"
     qa_kind = "terminal"
     tools: tuple[ToolSpec, ...] = (BASH,)
@@ -420,8 +420,9 @@ class TerminalEnv:
                  "assay.envs.tools")
 
     def __init__(self, tasks_dir: str | None = None, timeout_s: float = 5.0, memory_mb: int = 256) -> None:
-        self.limits = Limits(timeout_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), memory_mb=memory_mb,
-                             max_procs=32, file_size_mb=1, output_bytes=8 * 1024, workspace_mb=16)
+        # Declared, the framework hands each episode's workspace a warm pooled sandbox.
+        self.sandbox_limits = Limits(timeout_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), memory_mb=memory_mb,
+                                     max_procs=32, file_size_mb=1, output_bytes=8 * 1024, workspace_mb=16)
         self.verify_limits = Limits(timeout_s=10.0, cpu_s=10, memory_mb=memory_mb, max_procs=32, file_size_mb=1,
                                     output_bytes=64 * 1024, workspace_mb=16)
         self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else None
@@ -504,7 +505,7 @@ class TerminalEnv:
     def start(self, task: Task, sandbox: Sandbox | None) -> TerminalEpisode:
         episode = TerminalEpisode(task, sandbox, sandbox is None, self.verify_limits)
         try:
-            episode.sandbox = open_sandbox(self.limits) if sandbox is None else sandbox
+            episode.sandbox = open_sandbox(self.sandbox_limits) if sandbox is None else sandbox
         except OSError as e:  # a launcher hiccup is this episode's infrastructure failure, not the batch's
             episode.setup_error = f"sandbox: {e}"
             return episode
