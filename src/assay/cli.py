@@ -526,6 +526,31 @@ def bench_pipeline(policy: Annotated[Path, typer.Argument(help="a policy directo
     print(table(run_pipeline_bench(policy, steps, rounds, list(overrides or []), variant)))
 
 
+@bench_app.command("cluster")
+def bench_cluster(run: Annotated[Path, typer.Argument(help="a synchronous RL run's directory (runs/NAME) to take "
+                                                           "the measured durations from")],
+                  workers: Annotated[str, typer.Option(help="rollout-worker counts, comma-separated")]
+                  = "8,16,32,64,128,256,512,1024",
+                  groups_per_step: Annotated[int, typer.Option(help="GRPO groups per step (the global batch)")] = 512,
+                  verifiers_per_worker: Annotated[int, typer.Option(help="verifier slots per rollout worker")] = 4,
+                  workers_per_rank: Annotated[int, typer.Option(help="rollout workers per trainer rank")] = 1,
+                  max_staleness: Annotated[int, typer.Option(help="async: versions rollout may run ahead")] = 1,
+                  steps: Annotated[int, typer.Option(help="simulated steps per configuration")] = 20,
+                  seed: int = 0,
+                  link_gbps: Annotated[float, typer.Option(help="trainer ranks' link, for the all-reduce")] = 100.0,
+                  against: Annotated[list[Path] | None, typer.Option(
+                      help="a real run to compare with the model at this machine's shape (repeat it)")] = None,
+                  cores: Annotated[int, typer.Option(help="with --against: cores rollout and trainer share "
+                                                          "(0: this machine's)")] = 0,
+                  seeds: Annotated[int, typer.Option(help="with --against: simulations per run")] = 5) -> None:
+    """Simulated throughput, idle shares and async speed-up at 8 to 1,024 rollout workers, from a real
+    run's measured durations; --against checks the model on real runs of this machine."""
+    from assay.bench.cluster import run_cluster_bench
+
+    print(run_cluster_bench(run, workers, groups_per_step, verifiers_per_worker, workers_per_rank, max_staleness,
+                            steps, seed, link_gbps, list(against or []), cores, seeds))
+
+
 @bench_app.command("trainer")
 def bench_trainer(rounds: Annotated[int, typer.Option(help="fresh processes per variant, alternated")] = 3,
                   seqs: Annotated[int, typer.Option(help="sequences in the batch")] = 8,
