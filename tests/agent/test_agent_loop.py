@@ -1,3 +1,4 @@
+import threading
 import time
 
 import pytest
@@ -176,6 +177,34 @@ def test_infrastructure_failures_are_statuses_not_rewards(tok):
     assert (t2.status, t2.reward, t2.passed) == (VERIFIER_ERROR, 0.0, False)
     assert t3.status == VERIFIER_ERROR and t3.reward_info["error"] == "episode.verify raised RuntimeError: boom"
     assert [e.closed for e in (sandbox_down, bad_verifier, raising)] == [1, 1, 1]  # closed on every path
+
+
+def test_a_verifier_past_its_timeout_is_an_infrastructure_failure_and_closes_when_it_returns(tok):
+    task = calc_task(2, 2)
+    release = threading.Event()
+
+    class Hanging(FakeEpisode):
+        def verify(self, final):
+            release.wait(30)
+            return super().verify(final)
+
+    hanging, prompt = Hanging(task), FakeEpisode(task)
+    [(key, (call, answer))] = script_of(tok, task, reference(task)).items()
+    backend = ScriptedBackend({key: [call, call, answer, answer]})
+    t0 = time.perf_counter()
+    stuck, fine = run_episodes(backend, [(task, hanging), (task, prompt)], tok, PARAMS, max_turns=4, max_context=1024,
+                               verify_timeout_s=0.2)
+    assert time.perf_counter() - t0 < 10  # the loop did not wait for the hung verifier
+    assert (stuck.status, stuck.reward, stuck.passed) == (VERIFIER_ERROR, 0.0, False)
+    assert "verify_timeout_s" in stuck.reward_info["error"]
+    assert (fine.status, fine.passed, prompt.closed) == (OK, True, 1)
+    assert hanging.closed == 0  # still verifying: its sandbox stays with it ...
+    release.set()
+    for _ in range(100):
+        if hanging.closed:
+            break
+        time.sleep(0.05)
+    assert hanging.closed == 1  # ... and it is closed once, when the verifier returns
 
 
 def test_hf_backend_trajectories_carry_exact_behaviour_logprobs(tok):

@@ -25,6 +25,9 @@ def test_defaults_and_overrides():
     ("domains.nope.weight=1", "no list item 'nope'"),
     ("train.steps", "expected key.sub=value"),
     ("domains.0.difficulty.start=9", "need min <= start <= max"),
+    ("rollout.verifiers=0", "rollout.verifiers: Input should be greater than or equal to 1"),
+    ("domains.0.verify_timeout_s=0", "domains.0.verify_timeout_s: Input should be greater than 0"),
+    ("pipeline.max_staleness=-1", "pipeline.max_staleness: Input should be greater than or equal to 0"),
 ])
 def test_bad_values_name_the_key(override, expected):
     with pytest.raises(ConfigError) as err:

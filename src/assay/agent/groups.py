@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from assay.agent.loop import EpisodeJob, run_episodes, run_episodes_online
+from assay.agent.loop import VERIFY_WORKERS, EpisodeJob, run_episodes, run_episodes_online
 from assay.core.config import DomainConfig
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
@@ -20,13 +20,13 @@ from assay.rollout.base import OnlineBackend, RolloutBackend, SamplingParams
 def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment], domains: dict[str, DomainConfig],
             tasks: Sequence[Task], samples: int | None, temperature: float, top_p: float = 1.0, top_k: int = 0,
             policy_version: int = 0, seed: int | None = None, group_prefix: str = "",
-            online: bool = False, first: int = 0) -> list[Trajectory]:
+            online: bool = False, first: int = 0, verifiers: int = VERIFY_WORKERS) -> list[Trajectory]:
     """`samples` per task (None: each domain's group_size). Returns trajectories in task order,
     a group's samples together, each group sharing a `group_id`. Without `online`, the agent loop runs
     per domain, every episode of a domain taking its turns in lockstep; with it (the engine only),
     the episodes of every domain share one batch and each advances on its own. `first`: where `tasks`
     start in a larger batch split over several workers, so that group ids stay distinct across the
-    parts (0: the whole batch, as one worker sees it)."""
+    parts (0: the whole batch, as one worker sees it). `verifiers`: episodes verified at once."""
     if online and not isinstance(backend, OnlineBackend):
         raise AssayError("pipeline.online needs a backend that admits requests while it runs "
                          "(rollout.backend: engine or vllm)")
@@ -44,10 +44,11 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
             jobs[name] = []
             for k, task in enumerate(task for _, task in items for _ in range(n)):
                 jobs[name].append(EpisodeJob(task, start_episode(envs[name], task), params, dom.max_turns,
-                                             dom.max_context, k, dom.time_limit_s))
+                                             dom.max_context, k, dom.time_limit_s, dom.verify_timeout_s))
         if online:
             waiting = {}
-            flat = run_episodes_online(backend, [j for js in jobs.values() for j in js], tokenizer, policy_version)
+            flat = run_episodes_online(backend, [j for js in jobs.values() for j in js], tokenizer, policy_version,
+                                       verifiers=verifiers)
             done, start = {}, 0
             for name, js in jobs.items():
                 done[name], start = flat[start:start + len(js)], start + len(js)
@@ -55,8 +56,9 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
             waiting, done = dict(jobs), {}
             for name, js in jobs.items():
                 del waiting[name]
-                done[name] = run_episodes(backend, [(j.task, j.episode) for j in js], tokenizer, js[0].params,
-                                          js[0].max_turns, js[0].max_context, policy_version, js[0].time_limit_s)
+                j = js[0]
+                done[name] = run_episodes(backend, [(j.task, j.episode) for j in js], tokenizer, j.params, j.max_turns,
+                                          j.max_context, policy_version, j.time_limit_s, j.verify_timeout_s, verifiers)
     except BaseException:
         close_episodes([j.episode for js in waiting.values() for j in js])
         raise

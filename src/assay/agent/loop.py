@@ -8,6 +8,7 @@ the same layout SFT trains on.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -26,6 +27,7 @@ from assay.core.types import (
     FinishReason,
     Message,
     Observation,
+    Reward,
     Status,
     Task,
     Trajectory,
@@ -34,7 +36,7 @@ from assay.envs.base import Episode
 from assay.envs.episode import close_episode, close_episodes, step_episode
 from assay.rollout.base import GenRequest, GenResult, OnlineBackend, RolloutBackend, SamplingParams
 
-VERIFY_WORKERS = 4  # episodes verified at once (a codegen verification is a sandboxed run)
+VERIFY_WORKERS = 4  # episodes verified at once (a codegen verification is a sandboxed run): rollout.verifiers
 TOOL_WORKERS = 4  # tool calls run at once while the engine generates (online loop)
 
 
@@ -49,6 +51,7 @@ class EpisodeJob:
     max_context: int
     stream: int  # which of the seed's random streams its samples draw: its index in its batch
     time_limit_s: float | None = None  # wall clock from its start; checked after each turn
+    verify_timeout_s: float | None = None  # a verifier past it gives the episode VERIFIER_ERROR, not a reward
 
 
 @dataclass
@@ -84,6 +87,8 @@ def run_episodes(
     max_context: int,
     policy_version: int = 0,
     time_limit_s: float | None = None,
+    verify_timeout_s: float | None = None,
+    verifiers: int = VERIFY_WORKERS,
 ) -> list[Trajectory]:
     """Act out every (task, episode) to the end and verify it; one trajectory per item, in order.
     All unfinished episodes take their next turn together, in one backend call.
@@ -97,7 +102,7 @@ def run_episodes(
     Trajectory.policy_version is the oldest weights version that sampled any of its tokens
     (`policy_version` when nothing was sampled). timings["generate_s"] is the wall time of the batched
     generate calls the episode took part in."""
-    jobs = [EpisodeJob(task, episode, params, max_turns, max_context, i, time_limit_s)
+    jobs = [EpisodeJob(task, episode, params, max_turns, max_context, i, time_limit_s, verify_timeout_s)
             for i, (task, episode) in enumerate(items)]
     runs: list[_Run] = []
     try:
@@ -114,7 +119,7 @@ def run_episodes(
                 r.timings["generate_s"] += dt
                 _take_turn(r, res[0], tokenizer)
         # Verification is independent per episode and mostly waits on sandboxes: run it concurrently.
-        with ThreadPoolExecutor(max_workers=min(VERIFY_WORKERS, len(runs)) or 1) as pool:
+        with ThreadPoolExecutor(max_workers=min(verifiers, len(runs)) or 1) as pool:
             return list(pool.map(lambda r: _finish(r, policy_version), runs))
     finally:
         _close_all(jobs, runs)
@@ -126,6 +131,7 @@ def run_episodes_online(
     tokenizer: PreTrainedTokenizerBase,
     policy_version: int = 0,
     tool_workers: int = TOOL_WORKERS,
+    verifiers: int = VERIFY_WORKERS,
 ) -> list[Trajectory]:
     """`run_episodes` with every episode advancing on its own: as soon as its turn's tokens come back,
     its tool calls run on a worker thread while the engine keeps generating for the others, its next
@@ -140,22 +146,22 @@ def run_episodes_online(
     try:
         for job in jobs:
             runs.append(_start(job, tokenizer))
-        return _run_online(engine, runs, tokenizer, policy_version, tool_workers)
+        return _run_online(engine, runs, tokenizer, policy_version, tool_workers, verifiers)
     finally:
         _close_all(jobs, runs)
 
 
 def _run_online(engine: OnlineBackend, runs: list[_Run], tokenizer: PreTrainedTokenizerBase, policy_version: int,
-                tool_workers: int) -> list[Trajectory]:
+                tool_workers: int, verifiers: int) -> list[Trajectory]:
     out: list[Trajectory | None] = [None] * len(runs)
     in_engine: dict[int, tuple[int, float]] = {}  # request id -> (run, submitted at)
     acting: dict[Future[None], int] = {}
     verifying: dict[Future[Trajectory], int] = {}
-    with ThreadPoolExecutor(tool_workers) as tools, ThreadPoolExecutor(VERIFY_WORKERS) as verifiers:
+    with ThreadPoolExecutor(tool_workers) as tools, ThreadPoolExecutor(verifiers) as verifying_pool:
 
         def advance(i: int) -> None:
             if runs[i].finish:
-                verifying[verifiers.submit(_finish, runs[i], policy_version)] = i
+                verifying[verifying_pool.submit(_finish, runs[i], policy_version)] = i
             else:
                 in_engine[engine.add_request(_request(runs[i]))] = (i, time.perf_counter())
 
@@ -264,6 +270,40 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
     r.append(obs_ids, sampled=False)
 
 
+def _verify(r: _Run) -> Reward:
+    """`episode.verify` within the job's verify_timeout_s, else TimeoutError. A thread cannot be
+    killed, so a verifier past its time is left to finish on its own and closes the episode when it
+    does: closing it under the verifier could return a sandbox still in use to the pool."""
+    timeout = r.job.verify_timeout_s
+    if timeout is None:
+        return r.job.episode.verify(r.messages)
+    box: dict[str, object] = {}
+    lock = threading.Lock()
+
+    def call() -> None:
+        try:
+            box["reward"] = r.job.episode.verify(r.messages)
+        except BaseException as e:  # handed to the caller, or dropped with the abandoned episode
+            box["error"] = e
+        with lock:
+            box["done"] = True
+            late = "abandoned" in box
+        if late:
+            close_episode(r.job.episode)
+
+    worker = threading.Thread(target=call, name="assay-verify", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    with lock:
+        if "done" not in box:
+            box["abandoned"] = r.closed = True  # the verifier's thread closes it
+            raise TimeoutError(f"episode.verify took longer than {timeout:g} s (the domain's verify_timeout_s); "
+                               "a verifier that hangs is an infrastructure failure, not a wrong answer")
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["reward"]  # type: ignore[return-value]
+
+
 def _close(r: _Run) -> None:
     if not r.closed:
         r.closed = True
@@ -284,10 +324,12 @@ def _finish(r: _Run, policy_version: int) -> Trajectory:
     if r.status == OK:
         t0 = time.perf_counter()
         try:
-            rw = r.job.episode.verify(r.messages)
+            rw = _verify(r)
             reward, passed, info = rw.score, rw.passed, dict(rw.details)
             if rw.status != OK:
                 r.status, reward, passed = rw.status, 0.0, False
+        except TimeoutError as e:
+            r.status, r.error = VERIFIER_ERROR, str(e)
         except Exception as e:
             r.status, r.error = VERIFIER_ERROR, f"episode.verify raised {type(e).__name__}: {e}"
         r.timings["verify_s"] = time.perf_counter() - t0

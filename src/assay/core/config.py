@@ -81,6 +81,8 @@ class DomainConfig(_Strict):
     # wall-clock budget of one episode in seconds, checked after each turn (None: no limit); an episode
     # past it stops acting and is verified as it stands, like one that ran out of turns
     time_limit_s: float | None = Field(None, gt=0)
+    # a verification past this many seconds gives its episode an infrastructure status (never a reward)
+    verify_timeout_s: float = Field(120.0, gt=0)
     difficulty: DifficultyRange = DifficultyRange()
     # training reward as a weighted sum of terms (empty: the verifier's score alone); `passed` stays the verifier's
     rewards: list[RewardTerm] = Field(default_factory=list)
@@ -183,6 +185,7 @@ class RolloutConfig(_Strict):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
+    verifiers: int = Field(4, ge=1)  # finished episodes verified at once (threads, each driving a sandbox)
     vllm: VLLMConfig = VLLMConfig()
 
 

@@ -43,7 +43,8 @@ def rollout_tasks(cfg: Config, backend: Any, tokenizer: Any, envs: dict[str, Env
     r, domains = cfg.rollout, {d.name: d for d in cfg.domains}
     trajs = collect(backend, tokenizer, envs, domains, tasks, samples=None, temperature=r.temperature, top_p=r.top_p,
                     top_k=r.top_k, policy_version=step - 1, seed=sampling_seed(cfg, step, attempt, first),
-                    group_prefix=f"s{step}a{attempt}/", online=cfg.pipeline.online, first=first)
+                    group_prefix=f"s{step}a{attempt}/", online=cfg.pipeline.online, first=first,
+                    verifiers=r.verifiers)
     shape_rewards(trajs, domains)
     return trajs
 
