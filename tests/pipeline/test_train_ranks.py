@@ -1,6 +1,7 @@
 """Data-parallel training in the pipeline: two trainer ranks (gloo, this machine) take the steps of one
 process, up to float rounding, and end every step with identical weights."""
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -48,3 +49,18 @@ def test_a_run_with_two_ranks_resumes_exactly_and_each_rank_gets_its_own_optimiz
     assert len(digests) == 3 and all([mine] == others for mine, others in digests)
     a, b = (load_file(tmp_path / n / "checkpoints" / "step_6" / "model.safetensors") for n in ("straight", "half"))
     assert all(torch.equal(a[k], b[k]) for k in a)  # shared optimizer moments would have stepped twice
+
+
+def test_trainer_ranks_as_ray_actors_step_as_spawned_ranks_do(tiny_config, tmp_path):
+    pytest.importorskip("ray")
+    on = [*RUN, "train.ranks=2"]
+    make_pipeline(load_config(tiny_config(name="spawned"), on), tmp_path / "spawned").run()
+    actors = make_pipeline(load_config(tiny_config(name="actors"),
+                                       [*on, "train.rank_workers=ray", "pipeline.ray.num_cpus=2"]), tmp_path / "actors")
+    digests = _run_recording_digests(actors)
+    assert len(digests) == 3 and all([mine] == others for mine, others in digests)
+    import ray
+
+    assert actors.ranks is None and not ray.is_initialized() and not torch.distributed.is_initialized()
+    a, b = (load_file(tmp_path / n / "checkpoints" / "step_3" / "model.safetensors") for n in ("spawned", "actors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the same steps, to the bit

@@ -139,7 +139,11 @@ class TrainConfig(_Strict):
     selective_logprobs: bool = False
     activation_checkpointing: bool = False  # recompute each layer's activations in backward: memory for time
     lora: LoraConfig = LoraConfig()
-    ranks: int = Field(1, ge=1)  # data-parallel trainer processes on this machine (torch.distributed)
+    ranks: int = Field(1, ge=1)  # data-parallel trainer processes (torch.distributed, gloo)
+    # where ranks 1 .. ranks-1 run: processes spawned on this machine, or Ray actors on the run's
+    # cluster (pipeline.ray), each asking for rank_cpus
+    rank_workers: Literal["process", "ray"] = "process"
+    rank_cpus: float = Field(1.0, gt=0)
     bf16: bool = False
     checkpoint_every: int = Field(10, gt=0)
     keep_checkpoints: int = Field(2, gt=0)

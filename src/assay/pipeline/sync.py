@@ -22,7 +22,7 @@ from assay.mixer.mixer import DomainMixer
 from assay.mixer.stats import DomainStats
 from assay.pipeline.monitor import LoopholeWatch, log_training
 from assay.pipeline.policy import Given, build_policy, domain_envs
-from assay.pipeline.train_ranks import TrainRanks
+from assay.pipeline.train_ranks import make_ranks
 from assay.pipeline.ui import RunView
 from assay.pipeline.worker import rollout_tasks
 from assay.rollout.factory import make_backend
@@ -63,7 +63,7 @@ class SyncPipeline:
         self.cfg = cfg = cfg.model_copy(update={"threads": self.threads})
         atomic_write(run_dir / "config.yaml", dump_config(cfg))
         ref = self._reference_policy() if cfg.train.loss.kl_coef > 0 else None
-        self.ranks = TrainRanks(cfg, self.model, ref, cfg.train.ranks) if cfg.train.ranks > 1 else None
+        self.ranks = make_ranks(cfg, self.model, ref, run_dir) if cfg.train.ranks > 1 else None
         try:  # the ranks are processes and a process group: a failure from here on must not leave them
             self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature,
                                        data_parallel=self.ranks is not None)

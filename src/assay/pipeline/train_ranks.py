@@ -41,15 +41,50 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _serve_rank(rank: int, world: int, init: str, cfg: Config, model: Any, ref: Any, inbox: Any, outbox: Any) -> None:
-    from assay.core.modeling import set_threads
-    from assay.train.trainer import GRPOTrainer
+class Rank:
+    """Rank 1 .. N-1: joins the group, holds a trainer, and takes the steps rank 0 hands it. A spawned
+    process (`_serve_rank`) or a Ray actor (`pipeline.ray_ranks`) runs it."""
 
+    def __init__(self, rank: int, world: int, init: str, cfg: Config, model: Any, ref: Any) -> None:
+        self.rank, self.world, self.init, self.cfg, self.model, self.ref = rank, world, init, cfg, model, ref
+        self.trainer: Any = None
+
+    def join(self) -> None:
+        from assay.core.modeling import set_threads
+        from assay.train.trainer import GRPOTrainer
+
+        set_threads(self.cfg.threads)
+        dist.init_process_group("gloo", init_method=self.init, rank=self.rank, world_size=self.world,
+                                timeout=GROUP_TIMEOUT)
+        self.trainer = GRPOTrainer(self.model, self.cfg.train, ref_model=self.ref,
+                                   temperature=self.cfg.rollout.temperature, data_parallel=True)
+
+    def step(self, batch: list[Trajectory], version: int) -> None:
+        self.trainer.step(batch, version=version)
+
+    def state(self, data: bytes) -> None:
+        """Bytes, so that no two ranks share the tensors of one optimizer state."""
+        self.trainer.load_state_dict(torch.load(io.BytesIO(data), weights_only=False))
+
+    def digest(self) -> str:
+        return weights_digest(self.trainer.model)
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def state_bytes(state: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def _serve_rank(rank: int, world: int, init: str, cfg: Config, model: Any, ref: Any, inbox: Any, outbox: Any) -> None:
     outbox.put(("started",))  # rank 0 joins the group only once every rank got this far
+    me = Rank(rank, world, init, cfg, model, ref)
     try:
-        set_threads(cfg.threads)
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
-        trainer = GRPOTrainer(model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature, data_parallel=True)
+        me.join()
     except BaseException:
         outbox.put(("error", traceback.format_exc()))
         return
@@ -57,16 +92,13 @@ def _serve_rank(rank: int, world: int, init: str, cfg: Config, model: Any, ref: 
     try:
         while (msg := inbox.get()) is not None:
             kind, *args = msg
-            if kind == "step":
-                trainer.step(args[0], version=args[1])
-            elif kind == "state":  # bytes, so that no two ranks share the tensors of one optimizer state
-                trainer.load_state_dict(torch.load(io.BytesIO(args[0]), weights_only=False))
-            elif kind == "digest":
-                outbox.put(("digest", weights_digest(trainer.model)))
+            answer = getattr(me, kind)(*args)
+            if answer is not None:
+                outbox.put((kind, answer))
     except BaseException:
         outbox.put(("error", traceback.format_exc()))
     finally:
-        dist.destroy_process_group()
+        me.leave()
 
 
 class TrainRanks:
@@ -110,10 +142,9 @@ class TrainRanks:
             self.inboxes[i].put(("step", batch, version))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        buf = io.BytesIO()
-        torch.save(state, buf)
+        data = state_bytes(state)
         for inbox in self.inboxes:
-            inbox.put(("state", buf.getvalue()))
+            inbox.put(("state", data))
 
     def digests(self) -> list[str]:
         """Each other rank's weights digest (after the steps handed to it)."""
@@ -144,3 +175,12 @@ class TrainRanks:
         if dist.is_initialized():
             dist.destroy_process_group()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def make_ranks(cfg: Config, model: Any, ref: Any, run_dir: Path) -> TrainRanks | Any:
+    """Ranks 1 .. train.ranks-1 where `train.rank_workers` puts them: spawned processes, or Ray actors."""
+    if cfg.train.rank_workers == "ray":
+        from assay.pipeline.ray_ranks import RayRanks
+
+        return RayRanks(cfg, model, ref, cfg.train.ranks, run_dir)
+    return TrainRanks(cfg, model, ref, cfg.train.ranks)

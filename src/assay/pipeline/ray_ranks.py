@@ -1,0 +1,105 @@
+"""Data-parallel trainer ranks as Ray actors (`train.rank_workers: ray`): ranks 1 .. N-1 are `Rank`s
+placed by Ray (each asking for `train.rank_cpus`) on the run's cluster, the same one its rollout
+actors use (`pipeline.ray`), and joined to rank 0 by a gloo process group over TCP. Each step takes
+the same path as with spawned ranks, so the two step alike (tested to the bit)."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from assay.core.config import Config
+from assay.core.errors import AssayError
+from assay.core.types import Trajectory
+from assay.pipeline.ray_workers import RESIZE_WAIT_S, start_ray
+from assay.pipeline.train_ranks import GROUP_TIMEOUT, Rank, state_bytes
+
+
+def _rendezvous(local: bool) -> str:
+    """Where the ranks meet: a free port on rank 0's node; on the loopback when the cluster is this machine."""
+    import ray
+
+    host = "127.0.0.1" if local else ray.util.get_node_ip_address()
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+class RayRanks:
+    """The trainer's handle on ranks 1 .. world-1 as actors; create it before rank 0's trainer."""
+
+    def __init__(self, cfg: Config, model: Any, ref: Any, world: int, run_dir: Path) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise AssayError("train.rank_workers: ray needs Ray: pip install -e '.[ray]'") from None
+        if dist.is_initialized():
+            raise AssayError("train.ranks > 1 starts its own process group, but one is already initialized here")
+        if next(model.parameters()).is_cuda:
+            raise AssayError("train.ranks > 1 runs the ranks on the CPU (gloo); ranks on GPUs are not built yet: "
+                             "use train.ranks: 1")
+        self.ray = ray
+        self.started, self.temp = start_ray(cfg, run_dir)
+        self.actors: list[Any] = []
+        self.pending: list[Any] = []  # the last step handed out, checked before the next
+        try:
+            init = _rendezvous(local=cfg.pipeline.ray.address is None)
+            remote = ray.remote(num_cpus=cfg.train.rank_cpus)(Rank)
+            model_ref, ref_ref = ray.put(copy.deepcopy(model)), ray.put(copy.deepcopy(ref))
+            self.actors = [remote.remote(rank, world, init, cfg, model_ref, ref_ref)
+                           for rank in range(1, world)]
+            # placed and built, or named, before rank 0 waits in the group for them
+            ready, _ = ray.wait([a.__ray_ready__.remote() for a in self.actors], num_returns=len(self.actors),
+                                timeout=RESIZE_WAIT_S)
+            if len(ready) < len(self.actors):
+                raise AssayError(f"the Ray cluster could not place {len(self.actors) - len(ready)} trainer rank(s) "
+                                 f"of {cfg.train.rank_cpus} CPU each within {RESIZE_WAIT_S:.0f} s; lower "
+                                 "train.ranks or train.rank_cpus, or add nodes")
+            self._get(ready)
+            joins = [a.join.remote() for a in self.actors]
+            dist.init_process_group("gloo", init_method=init, rank=0, world_size=world, timeout=GROUP_TIMEOUT)
+            self._get(joins)
+        except BaseException:
+            self.close()
+            raise
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        try:
+            return self.ray.get(refs)
+        except self.ray.exceptions.RayActorError as e:
+            raise AssayError(f"a training rank's actor died ({e.__class__.__name__}); the run stops here: "
+                             "`assay train --resume runs/NAME` continues from the last checkpoint") from None
+        except self.ray.exceptions.RayTaskError as e:
+            raise AssayError(f"a training rank failed:\n{e}") from None
+
+    def step(self, batch: list[Trajectory], version: int) -> None:
+        """Hand every other rank the batch (one copy in the object store); rank 0's own `trainer.step`
+        then runs the step with them. The previous step's results are checked first."""
+        self._get(self.pending)
+        batch_ref = self.ray.put(batch)
+        self.pending = [a.step.remote(batch_ref, version) for a in self.actors]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        data = self.ray.put(state_bytes(state))
+        self._get([a.state.remote(data) for a in self.actors])
+
+    def digests(self) -> list[str]:
+        self._get(self.pending)
+        return self._get([a.digest.remote() for a in self.actors])
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor, no_restart=True)
+        self.actors, self.pending = [], []
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if self.started:
+            self.ray.shutdown()
+            if self.temp is not None:
+                shutil.rmtree(self.temp, ignore_errors=True)
