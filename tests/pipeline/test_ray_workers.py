@@ -69,6 +69,9 @@ def test_a_run_scaled_to_two_actors_splits_each_step_and_replaces_a_killed_one(t
     log, _ = _run(tiny_config, tmp_path, "ray2", *RAY, "pipeline.ray.rollout_cpus=0.5", during=scale_then_kill)
     assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
     assert any(r.get("rollout/resized_to") == 2 for r in log)
+    # one bundle in the group the run started with, one in the group the scale-up added; the killed
+    # actor's replacement took its bundle
+    assert [r["rollout/placement_bundles"] for r in log if "rollout/placement_bundles" in r] == [1, 2, 2]
     assert sum(r.get("rollout/worker_restarts", 0) for r in log) == 1
     live = pd.concat(pd.read_parquet(s) for s in trajectory_shards(tmp_path / "ray2" / "trajectories"))
     group_size = {"arith": 2, "agent": 2, "no_e": 4}  # the tiny config's domains
@@ -86,3 +89,28 @@ def test_scaling_a_run_that_is_not_on_ray_is_refused(tiny_config, tmp_path):
         request_scale(run, 2)
     with pytest.raises(AssayError, match="not a run directory"):
         request_scale(tmp_path / "nowhere", 2)
+
+
+def test_a_hung_actor_is_killed_and_replaced_in_its_bundle(tiny_config, tmp_path):
+    """Two actors in one placement group; one is SIGSTOPped (alive, no progress) after step 2, killed
+    at pipeline.worker_timeout_s and replaced in the same bundle: no new group, each group once."""
+    def freeze(pipeline):
+        real = pipeline.trainer.step
+
+        def step(batch, version):
+            out = real(batch, version=version)
+            if version == 2:
+                os.kill(pipeline.backend.pids()[1], signal.SIGSTOP)
+            return out
+
+        pipeline.trainer.step = step
+
+    log, _ = _run(tiny_config, tmp_path, "hung", *RAY, "pipeline.ray.rollout_workers=2", "pipeline.ray.rollout_cpus=0.5",
+                  "pipeline.worker_timeout_s=8", during=freeze)
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    assert sum(r.get("rollout/worker_restarts", 0) for r in log) >= 1  # more only if a slow machine also hit it
+    assert {r["rollout/placement_bundles"] for r in log if "rollout/placement_bundles" in r} == {2}
+    assert not any("rollout/workers_lost" in r for r in log)
+    live = pd.concat(pd.read_parquet(s) for s in trajectory_shards(tmp_path / "hung" / "trajectories"))
+    for step, rows in live.groupby("step"):
+        assert rows.groupby(["group_id", "domain"]).ngroups == 3, step

@@ -34,16 +34,21 @@ from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
 from assay.pipeline.worker import POLL_S, add_counts, copies, rollout_tasks, take_counts
 
-# Ray's session directory holds Unix sockets, whose paths the kernel caps at 107 bytes
-MAX_TEMP_DIR = 60
+# Ray's session directory holds Unix sockets, whose paths the kernel caps at 107 bytes: the temp dir,
+# then /session_2026-12-02_02-01-18_255973_4194304/sockets/plasma_store (64 bytes with a 7-digit pid)
+MAX_TEMP_DIR = 40
 SCALE_FILE = "rollout_workers"  # in the run directory: the number of rollout actors wanted now
-RESIZE_WAIT_S = 120.0  # a placement group, or an actor added or replaced mid-run, not placed by then cannot be
+RESIZE_WAIT_S = 120.0  # a placement group, or an actor added or replaced mid-run, not placed by then is refused
 
 log = logging.getLogger(__name__)
 
 
 class _Unplaced(AssayError):
     """The cluster did not place an actor (or its bundle) within the wait."""
+
+
+class _Died(AssayError):
+    """An actor died before it served, not by its own error: its process or its node went away."""
 
 
 def request_scale(run_dir: Path, n: int) -> None:
@@ -208,6 +213,11 @@ class RayRollout:
         except self.ray.exceptions.GetTimeoutError:
             raise _Unplaced(f"rollout workers (Ray actors) did not start within {timeout_s:.0f} s: the cluster "
                             "cannot place them (pipeline.ray.rollout_cpus, rollout_gpus)") from None
+        except self.ray.exceptions.RayActorError as e:
+            if not e.actor_init_failed:
+                raise _Died(f"a rollout worker (Ray actor) died before it served: {e}") from None
+            raise AssayError(f"a rollout worker (Ray actor) could not start: {e}\ndefine the environments in an "
+                             "importable module, or set pipeline.workers: process") from None
         except self.ray.exceptions.RayError as e:
             raise AssayError(f"a rollout worker (Ray actor) could not start: {e}\ndefine the environments in an "
                              "importable module, or set pipeline.workers: process") from None
@@ -339,17 +349,13 @@ class RayRollout:
         self.restarts -= 1
         self.totals["worker_restarts"] += 1
         self.ray.kill(dead, no_restart=True)  # one merely unreachable must not linger
-        self.actors[i] = self._new_actor(self.slots[i])
-        try:
-            self._started([self.actors[i]], timeout_s=RESIZE_WAIT_S)
-        except _Unplaced:
-            self.ray.kill(self.actors[i], no_restart=True)
+        if not self._start_in(i, time.monotonic() + RESIZE_WAIT_S):
             lost = self.slots[i]
             del self.actors[i], self.slots[i]
             if not self.actors:
                 raise AssayError(f"rollout worker {i} (a Ray actor) died and the cluster cannot place a replacement "
                                  f"within {RESIZE_WAIT_S:.0f} s (its node lost?), and no other worker is left; "
-                                 "`assay train --resume runs/NAME` continues from the last checkpoint") from None
+                                 "`assay train --resume runs/NAME` continues from the last checkpoint")
             self._release([lost])  # its bundle waits for a node; a scale-up reuses it
             self.totals["workers_lost"] += 1
             self.totals["resized_to"] = len(self.actors)
@@ -359,6 +365,22 @@ class RayRollout:
             return None
         self._placed()
         return self.actors[i]
+
+    def _start_in(self, i: int, deadline: float) -> bool:
+        """Start actor i anew in its bundle by `deadline`; False (and no actor) when it was not placed. A
+        replacement that dies before it serves (a lost node that Ray had not marked dead yet took it
+        along) is started again."""
+        while True:
+            self.actors[i] = self._new_actor(self.slots[i])
+            try:
+                self._started([self.actors[i]], timeout_s=max(deadline - time.monotonic(), POLL_S))
+                return True
+            except (_Unplaced, _Died) as e:
+                self.ray.kill(self.actors[i], no_restart=True)
+                if isinstance(e, _Unplaced) or time.monotonic() + POLL_S >= deadline:
+                    return False
+                log.info("rollout worker %d's replacement died before it served (its node lost?); starting another", i)
+                time.sleep(POLL_S)
 
     def pids(self) -> list[int]:
         return self.ray.get([a.pid.remote() for a in self.actors])

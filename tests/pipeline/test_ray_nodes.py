@@ -1,0 +1,113 @@
+"""Rollout actors in placement groups on a real two-node Ray cluster on this machine
+(`ray.cluster_utils.Cluster`: a head and a second node, one or two CPUs each, its own processes):
+the second node is removed mid-run and the run completes, each group of each step trained once, on
+the remaining node when it has room for a replacement, and with one actor fewer when it has none."""
+
+import json
+import shutil
+import tempfile
+
+import pandas as pd
+import pytest
+
+from assay.core.config import load_config
+from assay.core.errors import AssayError
+from assay.core.storage import trajectory_shards
+from assay.pipeline import ray_workers
+from assay.pipeline.async_pipeline import make_pipeline
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+RAY = ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.workers=ray", "train.max_refill_rounds=0",
+       "train.checkpoint_every=6", "pipeline.ray.rollout_workers=2", "pipeline.ray.rollout_cpus=1",
+       "pipeline.ray.placement=spread"]
+GROUP_SIZE = {"arith": 2, "agent": 2, "no_e": 4}  # the tiny config's domains
+
+
+@pytest.fixture
+def two_nodes(monkeypatch):
+    """A head node with `head_cpus` CPUs and a second node with one; torn down after the test."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    made: list = []
+
+    def start(head_cpus: int):
+        temp = tempfile.mkdtemp(prefix="assay-ray-")  # short: Ray's Unix socket paths are capped
+        cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={
+            "num_cpus": head_cpus, "include_dashboard": False, "temp_dir": temp,
+            # a lost node is declared dead after ~2 s instead of Ray's ~15 s of missed health checks
+            "_system_config": {"health_check_period_ms": 500, "health_check_timeout_ms": 500,
+                               "health_check_failure_threshold": 4}})
+        made.append((cluster, temp))
+        second = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        return cluster, second
+
+    yield start
+    if ray.is_initialized():
+        ray.shutdown()
+    for cluster, temp in made:
+        cluster.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _run_losing_the_node(tiny_config, tmp_path, cluster, second, name):
+    cfg = load_config(tiny_config(name=name), [*RAY, f"pipeline.ray.address={cluster.address}"])
+    pipeline = make_pipeline(cfg, tmp_path / name)
+    real, seen = pipeline.trainer.step, {}
+
+    def step(batch, version):
+        out = real(batch, version=version)
+        if version == 2:  # the rollout thread is sampling ahead meanwhile
+            backend = pipeline.backend
+            seen["nodes"] = {ray.util.placement_group_table(g)["bundles_to_node_id"][i] for g, i in backend.slots}
+            cluster.remove_node(second, allow_graceful=False)
+        return out
+
+    pipeline.trainer.step = step
+    pipeline.run()
+    assert not ray.is_initialized()  # the driver left the cluster at the end
+    assert seen["nodes"] == {cluster.head_node.node_id, second.node_id}  # spread: one actor on each node
+    records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    log = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    assert log[0]["rollout/placement_bundles"] == 2 and log[0]["rollout/placement_nodes"] == 2
+    live = pd.concat(pd.read_parquet(s) for s in trajectory_shards(tmp_path / name / "trajectories"))
+    for step_, rows in live.groupby("step"):  # each step's 3 groups once, each whole (no part lost or doubled)
+        sizes = rows.groupby(["group_id", "domain"]).size()
+        assert len(sizes) == 3 and all(n == GROUP_SIZE[d] for (_, d), n in sizes.items()), (step_, sizes)
+    return log
+
+
+def test_a_lost_node_leaves_the_run_going_with_one_actor_fewer(tiny_config, tmp_path, two_nodes, monkeypatch):
+    """One CPU per node: the lost actor's bundle has nowhere to go, so its replacement is not placed
+    within the wait and the other actor takes its parts; the run goes on at width 1."""
+    monkeypatch.setattr(ray_workers, "RESIZE_WAIT_S", 6.0)
+    cluster, second = two_nodes(head_cpus=1)
+    log = _run_losing_the_node(tiny_config, tmp_path, cluster, second, "lost")
+    assert sum(r.get("rollout/workers_lost", 0) for r in log) == 1
+    assert sum(r.get("rollout/worker_restarts", 0) for r in log) == 1  # the one attempted
+    assert [r["rollout/resized_to"] for r in log if "rollout/resized_to" in r] == [1]
+    assert [r["rollout/placement_nodes"] for r in log if "rollout/placement_nodes" in r][-1] == 1
+
+
+def test_a_lost_nodes_actor_is_replaced_on_the_node_left(tiny_config, tmp_path, two_nodes):
+    """Two CPUs on the head: Ray re-places the lost bundle there and the replacement starts in it."""
+    cluster, second = two_nodes(head_cpus=2)
+    log = _run_losing_the_node(tiny_config, tmp_path, cluster, second, "moved")
+    assert sum(r.get("rollout/worker_restarts", 0) for r in log) == 1
+    assert not any("rollout/workers_lost" in r or "rollout/resized_to" in r for r in log)
+    assert [r["rollout/placement_nodes"] for r in log if "rollout/placement_nodes" in r][-1] == 1
+
+
+def test_a_placement_the_cluster_cannot_make_is_refused_in_time(tiny_config, tmp_path, two_nodes, monkeypatch):
+    """strict_spread asks for a node per actor: three actors on two nodes cannot start, and say why
+    within the wait instead of waiting on."""
+    monkeypatch.setattr(ray_workers, "RESIZE_WAIT_S", 3.0)
+    cluster, _ = two_nodes(head_cpus=1)
+    cfg = load_config(tiny_config(name="strict"), [*RAY, "pipeline.ray.rollout_workers=3", "pipeline.ray.placement"
+                                                   "=strict_spread", f"pipeline.ray.address={cluster.address}"])
+    with pytest.raises(AssayError, match=r"cannot place a placement group of 3 bundles .*STRICT_SPREAD.* within 3 s"):
+        make_pipeline(cfg, tmp_path / "strict")
+    assert not ray.is_initialized()
