@@ -542,7 +542,7 @@ def bench_cluster(run: Annotated[Path, typer.Argument(help="a synchronous RL run
                       help="a real run to compare with the model at this machine's shape (repeat it)")] = None,
                   cores: Annotated[int, typer.Option(help="with --against: cores rollout and trainer share "
                                                           "(0: this machine's)")] = 0,
-                  seeds: Annotated[int, typer.Option(help="with --against: simulations per run")] = 5) -> None:
+                  seeds: Annotated[int, typer.Option(help="with --against: simulations per run")] = 20) -> None:
     """Simulated throughput, idle shares and async speed-up at 8 to 1,024 rollout workers, from a real
     run's measured durations; --against checks the model on real runs of this machine."""
     from assay.bench.cluster import run_cluster_bench

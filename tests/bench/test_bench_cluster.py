@@ -33,7 +33,7 @@ def fixed_fit(rollout_s: float, train_s: float, groups_per_step: int = 2, verify
                       generate_s=rollout_s, iterations=100, computed=200, train_s=train_s, weight_sync_s=0.0,
                       driver_s=0.0)
     return Fit(run=Path("synthetic"), steps=[step], groups=[group], groups_per_step=groups_per_step, group_size=2,
-               threads=1, max_seqs=256, rollout_workers=1, iteration_s=rollout_s / 100, token_s=0.0, engine_r2=1.0,
+               threads=1, max_seqs=256, rollout_workers=1, verifiers=4, iteration_s=rollout_s / 100, token_s=0.0, engine_r2=1.0,
                train_fixed_s=0.0, train_token_s=train_s / 100, train_r2=0.0, train_linear=False)
 
 
@@ -67,11 +67,15 @@ def test_async_overlaps_to_the_slower_side_after_the_first_rollout(rollout_s, tr
 
 def test_colocated_lanes_sharing_their_cores_gain_nothing_from_async():
     fit = fixed_fit(1.0, 2.0)
-    sh = shape(cores=2, threads=2)  # both lanes want both cores: each runs at half speed while they overlap
+    sh = shape(cores=2, rollout_demand=2, train_demand=2)  # both lanes want both cores: half speed together
+    assert sh.overlap_speed() == (0.5, 0.5)
     plans = plan_steps(fit, sh, 10, seed=0)
     assert run_schedule(plans, sh, 1).wall_s == pytest.approx(run_schedule(plans, sh, None).wall_s)
-    roomy = shape(cores=4, threads=2)
+    roomy = shape(cores=4, rollout_demand=2, train_demand=2)
     assert run_schedule(plans, roomy, 1).wall_s == pytest.approx(1.0 + 10 * 2.0)
+    # a rollout with verifier processes (demand 3) beside a one-thread trainer on 2 cores: the rollout keeps
+    # 1.5 of the 2 cores it had alone, the trainer 0.5 of its 1
+    assert shape(cores=2, rollout_demand=3, train_demand=1).overlap_speed() == pytest.approx((0.75, 0.5))
 
 
 def test_engine_shares_its_iterations_over_running_sequences():
@@ -127,7 +131,7 @@ def _write_run(root: Path, steps: int = 4, mode: str = "sync") -> Path:
     run = root / "run"
     run.mkdir()
     cfg = {"threads": 2, "model": {"path": str(root / "none")}, "pipeline": {"mode": mode},
-           "rollout": {"max_seqs": 64}, "train": {"groups_per_step": 2, "max_refill_rounds": 1},
+           "rollout": {"max_seqs": 64, "verifiers": 3}, "train": {"groups_per_step": 2, "max_refill_rounds": 1},
            "domains": [{"name": "d", "group_size": 2}]}
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     writer = TrajectoryWriter(run / "trajectories")
@@ -156,12 +160,13 @@ def _write_run(root: Path, steps: int = 4, mode: str = "sync") -> Path:
 
 def test_fit_reads_a_run_directory(tmp_path):
     fit = fit_run(_write_run(tmp_path))
-    assert len(fit.steps) == 4 and len(fit.groups) == 12 and fit.group_size == 2 and fit.max_seqs == 64
+    assert len(fit.steps) == 4 and len(fit.groups) == 12 and fit.group_size == 2 and fit.max_seqs == 64 and fit.verifiers == 3
     assert fit.steps[0].rounds == (1.0, 0.5) and len(fit.steps[0].round_groups[1]) == 1
     assert fit.iteration_s == pytest.approx(0.002) and fit.token_s == pytest.approx(0.0001)
     assert fit.steps[1].train_s == pytest.approx(0.22 - 0.01)  # sync.py times the weight sync inside train_s
     assert fit.steps[1].driver_s == pytest.approx(0.05) and fit.steps[0].driver_s == pytest.approx(0.05)
     assert fit.train_linear and fit.train_token_s == pytest.approx(0.01 / 40)
+    assert fit.verify_load == pytest.approx(sum(6 * 0.02 for _ in range(4)) / sum(0.5 + 0.1 * s for s in range(1, 5)))
     assert {e.tokens for g in fit.groups for e in g.episodes} == {10, 20, 30, 40}
     assert all(e.verify_s == 0.02 for g in fit.groups for e in g.episodes)
     assert calibrate(fit).round_residual_s != 0.0  # the synthetic rollout_s is not what the engine law gives

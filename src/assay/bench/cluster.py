@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from assay.bench.cluster_fit import VERIFY_THREADS, Fit, measured_wall, run_config
+from assay.bench.cluster_fit import Fit, measured_wall, run_config
 from assay.bench.cluster_model import Result, Shape, plan_steps, run_schedule
 from assay.core.errors import ConfigError
 
@@ -74,10 +74,10 @@ def validate(fit: Fit, against: list[Path], cores: int, seeds: int) -> list[Chec
         mode, steps, wall = measured_wall(run)
         cfg = run_config(run)
         k = None if mode == "sync" else int(cfg["pipeline"].get("max_staleness", 1))
-        shape = Shape(workers=fit.rollout_workers, verifiers=VERIFY_THREADS * fit.rollout_workers, ranks=1,
+        shape = Shape(workers=fit.rollout_workers, verifiers=fit.verifiers * fit.rollout_workers, ranks=1,
                       groups_per_step=int(cfg["train"]["groups_per_step"]), max_seqs=fit.max_seqs,
                       refills=int(cfg["train"].get("max_refill_rounds", 0)) > 0 and cfg["train"].get("dynamic_sampling", True),
-                      cores=cores, threads=fit.threads)
+                      cores=cores, rollout_demand=fit.threads + fit.verify_load, train_demand=fit.threads)
         runs = [run_schedule(plan_steps(fit, shape, steps, s), shape, k).wall_s for s in range(seeds)]
         label = mode + (f", {cfg['pipeline'].get('workers', 'thread')} worker" if k is not None else "")
         checks.append(Check(run, label, steps, wall, runs))
@@ -114,6 +114,8 @@ def fit_table(fit: Fit) -> object:
     t.add_row("train step", law, f"train_s ~ tokens; mean {statistics.fmean(x.train_s for x in s):.2f} s")
     t.add_row("weight sync / driver per step", f"{statistics.fmean(x.weight_sync_s for x in s) * 1e3:.1f} ms / "
               f"{statistics.fmean(x.driver_s for x in s) * 1e3:.0f} ms", "rollout/weight_update_s; step interval left over")
+    t.add_row("verifications running at once in a rollout", f"{fit.verify_load:.2f}",
+              "sum of verify_s / sum of rollout_s (cores they take from a colocated trainer)")
     t.add_row("refill rounds per step (mean)", f"{statistics.fmean(len(x.rounds) for x in s):.2f}", "group ids s{step}a{round}")
     return t
 
@@ -141,7 +143,8 @@ def sweep_table(rows: list[SweepRow], k: int, steps: int) -> object:
 def check_table(checks: list[Check], cores: int) -> object:
     from rich.table import Table
 
-    t = Table(title=f"the model at this machine's shape ({cores} cores shared by rollout and trainer) against real runs")
+    t = Table(title=f"the model at this machine's shape ({cores} cores shared by rollout, its verifiers and the "
+                    "trainer) against real runs")
     for col in ("run", "mode", "steps", "measured s", "predicted s (mean; seeds)", "error"):
         t.add_column(col, justify="left" if col in ("run", "mode") else "right")
     for c in checks:

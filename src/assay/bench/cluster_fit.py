@@ -18,7 +18,7 @@ from typing import Any
 
 from assay.core.errors import AssayError
 
-VERIFY_THREADS = 4  # agent.loop.VERIFY_WORKERS: the verifier threads each rollout worker runs
+VERIFY_THREADS = 4  # rollout.verifiers by default: the verifier threads each rollout worker runs
 MIN_TRAIN_R2 = 0.5  # below this the linear train law does not describe the run: resample instead
 
 
@@ -35,6 +35,7 @@ class Episode:
 class Group:
     prompt: int  # prompt tokens, prefilled once for the group (its members fork the prefix)
     episodes: tuple[Episode, ...]
+    domain: str = ""
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Fit:
     threads: int
     max_seqs: int  # sequences one engine runs at once
     rollout_workers: int
+    verifiers: int  # verifier threads per rollout worker (rollout.verifiers)
     iteration_s: float  # engine law: seconds = iteration_s * iterations + token_s * computed tokens
     token_s: float
     engine_r2: float
@@ -69,6 +71,7 @@ class Fit:
     train_token_s: float
     train_r2: float
     train_linear: bool  # False: the law is not used; train times are resampled and scaled by tokens
+    verify_load: float = 0.0  # verifications running at once during a rollout, on average (sandboxes use cores)
     round_residual_s: float = 0.0  # per round: measured rollout seconds the event model does not explain
     model_bytes: int = 0  # the policy's weights, for the all-reduce estimate
 
@@ -109,7 +112,7 @@ def _groups(run: Path) -> dict[tuple[int, int], list[Group]]:
     if not shards:
         raise AssayError(f"bench cluster: {run} has no trajectories/*.parquet; give the directory of an RL run "
                          "(runs/NAME, made by assay train or assay quickstart)")
-    cols = ["step", "group_id", "turns", "prompt_len", "token_ids", "loss_mask", "timings"]
+    cols = ["step", "domain", "group_id", "turns", "prompt_len", "token_ids", "loss_mask", "timings"]
     members: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for shard in shards:
         for row in pq.read_table(shard, columns=cols).to_pylist():
@@ -126,7 +129,7 @@ def _groups(run: Path) -> dict[tuple[int, int], list[Group]]:
         # group ids read s{step}a{round}/...: the round is the refill attempt that sampled the group
         head = gid.split("/", 1)[0]
         rnd = int(head.split("a", 1)[1]) if head.startswith("s") and "a" in head else 0
-        out[(rows[0]["step"], rnd)].append(Group(prompt=rows[0]["prompt_len"], episodes=tuple(episodes)))
+        out[(rows[0]["step"], rnd)].append(Group(rows[0]["prompt_len"], tuple(episodes), rows[0]["domain"] or ""))
     return out
 
 
@@ -193,14 +196,17 @@ def fit_run(run: Path) -> Fit:
     linear = tr2 >= MIN_TRAIN_R2 and c1 > 0 and c0 >= 0
     if not linear:  # proportional to tokens through the mean: the resampled step is then scaled by tokens
         c0, c1 = 0.0, statistics.fmean(s.train_s for s in steps) / statistics.fmean(s.tokens for s in steps)
+    verify = sum(e.verify_s for s in steps for gs in s.round_groups for g in gs for e in g.episodes)
     pipe_workers = pipeline.get("workers", "thread")
     workers = int((pipeline.get("ray") or {}).get("rollout_workers", 1)) if pipe_workers == "ray" else 1
     sizes = {d["group_size"] for d in cfg["domains"]}
     return Fit(run=run, steps=steps, groups=[g for gs in by_round.values() for g in gs],
                groups_per_step=int(cfg["train"]["groups_per_step"]), group_size=max(sizes),
                threads=int(cfg.get("threads") or 1), max_seqs=int((cfg.get("rollout") or {}).get("max_seqs", 256)),
-               rollout_workers=workers, iteration_s=a, token_s=b, engine_r2=r2, train_fixed_s=c0, train_token_s=c1,
-               train_r2=tr2, train_linear=linear, model_bytes=_model_bytes(run, cfg))
+               rollout_workers=workers, verifiers=int((cfg.get("rollout") or {}).get("verifiers", VERIFY_THREADS)),
+               iteration_s=a, token_s=b, engine_r2=r2, train_fixed_s=c0, train_token_s=c1,
+               train_r2=tr2, train_linear=linear, verify_load=verify / sum(s.rollout_s for s in steps),
+               model_bytes=_model_bytes(run, cfg))
 
 
 def measured_wall(run: Path) -> tuple[str, int, float]:

@@ -19,18 +19,19 @@ when its last part is verified; the trainer's R ranks take `fixed + variable / R
 runs rollout, training, weight sync and the driver's bookkeeping in turn; async with staleness k
 samples step s with the weights of version s-1-k, refills after the mixer saw step s-k, and trains
 step s once step s+k's tasks are drawn. With `cores` > 0 the rollout and the trainer share one
-machine of that many cores: while both run, each gets cores / (both lanes' threads) of its speed.
+machine of that many cores: while both run, the cores are split in proportion to each lane's demand
+(the rollout's threads plus its verifier processes, the trainer's threads), as a fair scheduler would.
 Deterministic given the seed (random.Random; heapq for the engine's events)."""
 
 from __future__ import annotations
 
 import heapq
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 
-from assay.bench.cluster_fit import VERIFY_THREADS, Fit, Group
+from assay.bench.cluster_fit import Fit, Group
 
 INF = float("inf")
 
@@ -45,7 +46,16 @@ class Shape:
     refills: bool = True  # dynamic sampling's refill rounds, as often as the measured run needed them
     allreduce_s: float = 0.0  # one gradient all-reduce across many ranks (ring: scaled by 2(R-1)/R)
     cores: int = 0  # > 0: rollout and trainer share a machine of this many cores (this machine's shape)
-    threads: int = 1  # torch threads of each lane, for that sharing
+    rollout_demand: float = 1.0  # cores the rollout lane would keep busy alone (threads + verifier processes)
+    train_demand: float = 1.0  # and the trainer's (its threads)
+
+    def overlap_speed(self) -> tuple[float, float]:
+        """Each lane's speed while both run, against its speed alone: the cores split in proportion to
+        the runnable threads (a fair scheduler), alone each gets min(cores, its demand)."""
+        if not self.cores:
+            return 1.0, 1.0
+        c, r, t = self.cores, self.rollout_demand, self.train_demand
+        return min(1.0, c * r / (r + t) / min(c, r)), min(1.0, c * t / (r + t) / min(c, t))
 
 
 @dataclass(frozen=True)
@@ -172,11 +182,27 @@ def simulate_round(groups: list[Group], shape: Shape, fit: Fit) -> Round:
     return Round(max(0.0, max(end, vend) + fit.round_residual_s), busy, vbusy)
 
 
+def _draw(rng: random.Random, pools: dict[str, list[Group]], like: tuple[Group, ...], count: int) -> list[Group]:
+    """`count` groups in the domain proportions of the measured round `like` (the mixer's ratios then),
+    each drawn from every measured group of its domain; largest remainders round the shares."""
+    mix = Counter(g.domain for g in like)
+    exact = {d: count * n / len(like) for d, n in mix.items()}
+    counts = {d: int(x) for d, x in exact.items()}
+    for d in sorted(exact, key=lambda d: counts[d] - exact[d])[:count - sum(counts.values())]:
+        counts[d] += 1
+    drawn = [rng.choice(pools[d]) for d in sorted(counts) for _ in range(counts[d])]
+    rng.shuffle(drawn)  # the mixer's draws interleave domains; parts per worker take contiguous runs
+    return drawn
+
+
 def plan_steps(fit: Fit, shape: Shape, steps: int, seed: int) -> list[StepPlan]:
     """`steps` steps, each resampling one measured step (its refill rounds, train time, weight sync,
-    driver time) and, for its rounds, groups from every measured group."""
+    driver time) and, for its rounds, groups from every measured group, in that step's domain mix."""
     rng = random.Random(seed)
     g, g0 = shape.groups_per_step, fit.groups_per_step
+    pools: dict[str, list[Group]] = {}
+    for group in fit.groups:
+        pools.setdefault(group.domain, []).append(group)
     plans = []
     for _ in range(steps):
         rec = rng.choice(fit.steps)
@@ -184,7 +210,7 @@ def plan_steps(fit: Fit, shape: Shape, steps: int, seed: int) -> list[StepPlan]:
         for k, share in enumerate(rec.rounds if shape.refills else rec.rounds[:1]):
             count = g if k == 0 else round(share * g)
             if count:
-                rounds.append(simulate_round([rng.choice(fit.groups) for _ in range(count)], shape, fit))
+                rounds.append(simulate_round(_draw(rng, pools, rec.round_groups[k], count), shape, fit))
         fixed = fit.train_fixed_s if fit.train_linear else 0.0
         ring = 2 * (shape.ranks - 1) / shape.ranks * shape.allreduce_s
         train = fixed + max(0.0, rec.train_s - fixed) * g / g0 / shape.ranks + ring
@@ -196,7 +222,7 @@ def calibrate(fit: Fit) -> Fit:
     """The fit with `round_residual_s` set: per round, the mean of what the measured rollout took beyond
     what the model gives for that step's own groups at the run's own shape (Python around the engine,
     task setup, result passing). Carried unchanged to other shapes."""
-    shape = Shape(workers=fit.rollout_workers, verifiers=VERIFY_THREADS * fit.rollout_workers, ranks=1,
+    shape = Shape(workers=fit.rollout_workers, verifiers=fit.verifiers * fit.rollout_workers, ranks=1,
                   groups_per_step=fit.groups_per_step, max_seqs=fit.max_seqs)
     bare = replace(fit, round_residual_s=0.0)
     gaps = [(s.rollout_s - sum(simulate_round(list(gs), shape, bare).seconds for gs in s.round_groups))
@@ -254,8 +280,7 @@ def run_schedule(plans: list[StepPlan], shape: Shape, k: int | None) -> Result:
             state["trained"] = s
 
     lanes = [sync_lane()] if k is None else [rollout_lane(k), trainer_lane(k)]
-    # while both lanes compute on one machine, each runs at cores / (threads of both), at most full speed
-    shared = min(1.0, shape.cores / (2 * shape.threads)) if shape.cores else 1.0
+    shared = shape.overlap_speed() if len(lanes) > 1 else (1.0,)
     work: list[list[float] | None] = [None] * len(lanes)  # [remaining seconds] per lane
     shares: list[dict[str, float]] = [{} for _ in lanes]
     waits: list[Callable[[], bool] | None] = [None] * len(lanes)
@@ -284,13 +309,13 @@ def run_schedule(plans: list[StepPlan], shape: Shape, k: int | None) -> Result:
             if any(alive):
                 raise RuntimeError("bench cluster: the schedule deadlocked (a bug in the model)")
             break
-        rate = shared if len(active) > 1 else 1.0
-        dt = min(work[i][0] for i in active) / rate
+        rate = [shared[i] if len(active) > 1 else 1.0 for i in range(len(lanes))]
+        dt = min(work[i][0] / rate[i] for i in active)
         t += dt
         for i in active:
             for kind, share in shares[i].items():
                 busy[kind] = busy.get(kind, 0.0) + dt * share
-            work[i][0] -= dt * rate
+            work[i][0] -= dt * rate[i]
             if work[i][0] <= 1e-12:
                 work[i] = None
     mode = "sync" if k is None else f"async k={k}"
