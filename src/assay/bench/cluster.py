@@ -22,7 +22,7 @@ from assay.core.errors import ConfigError
 
 WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)
 # Other systems' published async-over-sync speed-ups, printed for scale; they are not Assay's measurements.
-PUBLISHED = "AReaL 2.77× (AReaL paper, asynchronous RL); verl 2.35–2.67× (verl's asynchronous trainer)"
+PUBLISHED = "AReaL 2.77×, verl 2.35–2.67× (each project's published async-over-sync speed-up)"
 
 
 @dataclass

@@ -164,8 +164,9 @@ def fit_run(run: Path) -> Fit:
     train = [m for m in train if all(k in m for k in need)]
     if len(train) < 3:
         raise AssayError(f"bench cluster: {run}/metrics.jsonl has {len(train)} train steps with rollout_s, train_s "
-                         "and the engine's rollout/* counters (3 needed); fit from a run of at least 3 steps "
-                         "made by this Assay with rollout.backend=engine")
+                         "and the engine's rollout/* counters (3 needed; runs older than the step timings lack "
+                         "rollout_s and train_s); fit from a run of at least 3 steps made by this Assay with "
+                         "rollout.backend=engine")
     by_round = _groups(run)
     steps: list[StepRecord] = []
     for prev, m in zip([None, *train[:-1]], train, strict=True):
