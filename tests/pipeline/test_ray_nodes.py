@@ -3,6 +3,7 @@
 the second node is removed mid-run and the run completes, each group of each step trained once, on
 the remaining node when it has room for a replacement, and with one actor fewer when it has none."""
 
+import faulthandler
 import json
 import shutil
 import tempfile
@@ -44,7 +45,9 @@ def two_nodes(monkeypatch):
         cluster.wait_for_nodes()
         return cluster, second
 
+    faulthandler.dump_traceback_later(180)  # a run that stops making progress shows where it waits
     yield start
+    faulthandler.cancel_dump_traceback_later()
     if ray.is_initialized():
         ray.shutdown()
     for cluster, temp in made:

@@ -1,6 +1,8 @@
 """Rollout workers as Ray actors on a local cluster (num_cpus=2, no dashboard): one actor samples what
 the worker process samples; a run scaled to two actors mid-run splits each step and keeps every group
-once; an actor killed with SIGKILL mid-run is replaced and its part issued again."""
+once; an actor killed with SIGKILL, or hung past pipeline.worker_timeout_s, mid-run is replaced in its
+placement-group bundle and its part issued again; scaling down and up keeps and reuses bundles and
+removes a group once it is empty."""
 
 import json
 import os
@@ -114,3 +116,36 @@ def test_a_hung_actor_is_killed_and_replaced_in_its_bundle(tiny_config, tmp_path
     live = pd.concat(pd.read_parquet(s) for s in trajectory_shards(tmp_path / "hung" / "trajectories"))
     for step, rows in live.groupby("step"):
         assert rows.groupby(["group_id", "domain"]).ngroups == 3, step
+
+
+def test_scaling_down_gives_an_emptied_group_back_and_scaling_up_reuses_kept_bundles(tiny_config, tmp_path):
+    """Start at 1 (group A), scale to 3 (group B of 2 bundles), back to 2 (B keeps the stopped actor's
+    bundle), to 3 again (that bundle reused, no new group), then to 1 (B emptied and removed: its CPUs
+    go back to the cluster)."""
+    import time
+
+    cfg = load_config(tiny_config(name="widths"), [*RAY, "pipeline.ray.rollout_cpus=0.5", "train.steps=1"])
+    pipeline = make_pipeline(cfg, tmp_path / "widths")
+    rollout = pipeline.backend
+    try:
+        def free_cpus(expected):  # the cluster's view of what is reserved is updated a moment later
+            for _ in range(40):
+                if ray.available_resources().get("CPU", 0) == expected:
+                    return True
+                time.sleep(0.25)
+            return False
+
+        assert len(rollout.groups) == 1 and free_cpus(1.5)
+        rollout.resize(3)
+        assert [g.bundle_count for g in rollout.groups] == [1, 2] and free_cpus(0.5)
+        rollout.resize(2)
+        assert len(rollout.vacant) == 1 and len(rollout.groups) == 2 and free_cpus(0.5)  # still reserved
+        rollout.resize(3)
+        assert not rollout.vacant and [g.bundle_count for g in rollout.groups] == [1, 2]
+        assert len(set(rollout.pids())) == 3  # all serve
+        rollout.resize(1)
+        assert len(rollout.groups) == 1 and not rollout.vacant and free_cpus(1.5)
+        assert rollout.take_stats()["placement_bundles"] == 1
+    finally:
+        pipeline.close_backend()
+    assert not ray.is_initialized()

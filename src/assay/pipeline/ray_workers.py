@@ -137,7 +137,7 @@ class RayRollout:
         self.groups: list[Any] = []  # the placement groups made, each removed once none of its bundles holds an actor
         self.refused: tuple[str, int] | None = None  # the scale file (text, mtime) whose width could not be placed
         self.closed = False
-        self.updates: list[tuple[Any, int]] = []  # weight loads not yet checked, with their versions
+        self.updates: list[tuple[Any, int, Any]] = []  # weight loads not yet checked: (result, version, actor)
         r = cfg.pipeline.ray
         self.restarts, self.timeout_s = cfg.pipeline.worker_restarts, cfg.pipeline.worker_timeout_s
         self.version = 0
@@ -232,12 +232,20 @@ class RayRollout:
         if named:
             self.weights = ref
         self.version = version
-        self.updates += [(actor.update_weights.remote(ref, version), version) for actor in self.actors]
+        self.updates += [(actor.update_weights.remote(ref, version), version, actor) for actor in self.actors]
 
     def _check_updates(self) -> None:
         """A weight load that failed in an actor is an error; one whose actor died is left to the rollout,
-        which replaces the actor (from the last weights) when its part fails."""
-        for ref, version in self.updates:
+        which replaces the actor (from the last weights) when its part fails. An actor whose load has not
+        ended within `pipeline.worker_timeout_s` is hung (stopped, or on a node that went silent): it is
+        killed, and its part fails the same way."""
+        if self.timeout_s and self.updates:
+            _, late = self.ray.wait([ref for ref, _, _ in self.updates], num_returns=len(self.updates),
+                                    timeout=self.timeout_s)
+            for ref, _, actor in self.updates:
+                if ref in late:
+                    self.ray.kill(actor, no_restart=True)
+        for ref, version, _ in self.updates:
             try:
                 self.ray.get(ref)
             except self.ray.exceptions.RayActorError:
