@@ -118,11 +118,16 @@ def test_a_hung_actor_is_killed_and_replaced_in_its_bundle(tiny_config, tmp_path
         assert rows.groupby(["group_id", "domain"]).ngroups == 3, step
 
 
-def test_scaling_down_gives_an_emptied_group_back_and_scaling_up_reuses_kept_bundles(tiny_config, tmp_path):
+def test_scaling_down_gives_an_emptied_group_back_and_scaling_up_reuses_kept_bundles(tiny_config, tmp_path,
+                                                                                     monkeypatch):
     """Start at 1 (group A), scale to 3 (group B of 2 bundles), back to 2 (B keeps the stopped actor's
     bundle), to 3 again (that bundle reused, no new group), then to 1 (B emptied and removed: its CPUs
-    go back to the cluster)."""
+    go back to the cluster). A width the cluster cannot hold is refused within the wait, once per
+    scale file."""
     import time
+
+    from assay.core.errors import AssayError
+    from assay.pipeline import ray_workers
 
     cfg = load_config(tiny_config(name="widths"), [*RAY, "pipeline.ray.rollout_cpus=0.5", "train.steps=1"])
     pipeline = make_pipeline(cfg, tmp_path / "widths")
@@ -146,6 +151,15 @@ def test_scaling_down_gives_an_emptied_group_back_and_scaling_up_reuses_kept_bun
         rollout.resize(1)
         assert len(rollout.groups) == 1 and not rollout.vacant and free_cpus(1.5)
         assert rollout.take_stats()["placement_bundles"] == 1
+        monkeypatch.setattr(ray_workers, "RESIZE_WAIT_S", 2.0)
+        with pytest.raises(AssayError, match=r"cannot place a placement group of 4 bundles"):
+            rollout.resize(5)  # 2.5 CPUs of 2
+        assert len(rollout.groups) == 1 and len(rollout.actors) == 1 and free_cpus(1.5)
+        request_scale(tmp_path / "widths", 5)
+        rollout._follow_scale_file()
+        t0 = time.monotonic()
+        rollout._follow_scale_file()  # the same file: not tried again
+        assert time.monotonic() - t0 < 1 and rollout.take_stats()["resize_refused"] == 5
     finally:
         pipeline.close_backend()
     assert not ray.is_initialized()

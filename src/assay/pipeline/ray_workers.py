@@ -290,9 +290,10 @@ class RayRollout:
         if int(text) != len(self.actors) and asked != self.refused:  # a refused width is retried once rewritten
             try:
                 self.resize(int(text))
-            except AssayError:  # more than the cluster can place: the run goes on at the width it has
+            except AssayError as e:  # more than the cluster can place: the run goes on at the width it has
                 self.totals["resize_refused"] = int(text)
                 self.refused = asked
+                log.warning("rollout workers: %d refused (%s); the run goes on with %d", int(text), e, len(self.actors))
             self.totals["resized_to"] = len(self.actors)
 
     def rollout(self, tasks: Sequence[Task], step: int, attempt: int) -> list[Trajectory]:
