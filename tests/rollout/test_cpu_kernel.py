@@ -64,3 +64,113 @@ def test_mismatched_shapes_and_dtypes_are_clear_errors():
         cpu_kernel.paged_attention(q[..., :8], k, v, tables, lengths)
     with pytest.raises(ValueError, match="float32"):
         cpu_kernel.paged_attention(q.double(), k.double(), v.double(), tables, lengths)
+
+
+# -- the fused elementwise kernels against the PyTorch ops they replace (odd sizes, both layouts) -----------
+
+TOL = dict(atol=1e-5, rtol=1e-5)  # float32: the C loops sum in another order (and may fuse multiply-adds)
+
+
+def activation(T, n, feature_major, g):
+    """A logical [T, n] activation, token-major or the transpose of a contiguous [n, T]."""
+    return torch.randn(n, T, generator=g).t() if feature_major else torch.randn(T, n, generator=g)
+
+
+@pytest.mark.parametrize("feature_major", [False, True])
+@pytest.mark.parametrize("T", [1, 5, 37])
+@pytest.mark.parametrize("with_delta,with_bias", [(False, False), (True, False), (True, True)])
+def test_add_rms_norm_matches_the_residual_add_and_rms_norm(feature_major, T, with_delta, with_bias):
+    g = torch.Generator().manual_seed(T)
+    n = 43
+    h = activation(T, n, feature_major, g)
+    delta = activation(T, n, feature_major, g) if with_delta else None
+    bias = torch.randn(n, generator=g) if with_bias else None
+    weight = torch.rand(n, generator=g) + 0.5
+    want_h = h + (delta + bias if with_bias else delta) if with_delta else h.clone()
+    want = weight * torch.nn.functional.rms_norm(want_h, (n,), eps=1e-6)
+    out = torch.empty_like(h)
+    cpu_kernel.add_rms_norm(h, delta, bias, weight, out, 1e-6)
+    torch.testing.assert_close(h, want_h, **TOL)
+    torch.testing.assert_close(out, want, **TOL)
+    assert out.stride() == h.stride()
+
+
+@pytest.mark.parametrize("feature_major", [False, True])
+@pytest.mark.parametrize("biases", [False, True])
+def test_silu_mul_matches_silu_times_up(feature_major, biases):
+    g = torch.Generator().manual_seed(1)
+    T, n = 7, 29
+    gate, up = activation(T, n, feature_major, g), activation(T, n, feature_major, g)
+    bg, bu = (torch.randn(n, generator=g), torch.randn(n, generator=g)) if biases else (None, None)
+    want = torch.nn.functional.silu(gate + bg if biases else gate) * (up + bu if biases else up)
+    got = cpu_kernel.silu_mul(gate, up, bg, bu)
+    torch.testing.assert_close(got, want, **TOL)
+    assert got.stride() == gate.stride()
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@pytest.mark.parametrize("feature_major", [False, True])
+@pytest.mark.parametrize("biases", [False, True])
+def test_qkv_rope_matches_rope_and_the_cache_write(feature_major, biases):
+    g = torch.Generator().manual_seed(2)
+    T, H, Hkv, D, blocks, bs = 9, 6, 2, 10, 7, 3  # head size 10: neither 64 nor a multiple of 8
+    q, k, v = (activation(T, heads * D, feature_major, g) for heads in (H, Hkv, Hkv))
+    bq, bk, bv = ((torch.randn(heads * D, generator=g) for heads in (H, Hkv, Hkv)) if biases else (None,) * 3)
+    angles = torch.rand(50, D // 2, generator=g) * 6
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    positions = torch.randint(0, 50, (T,), generator=g)
+    slots = torch.randperm(blocks * bs, generator=g)[:T]
+    k_cache, v_cache = torch.zeros(blocks, bs, Hkv, D), torch.zeros(blocks, bs, Hkv, D)
+
+    def rope(x, b, heads):
+        x = (x if b is None else x + b).reshape(T, heads, D)
+        c, s = cos[positions][:, None], sin[positions][:, None]
+        return x * c + rotate_half(x) * s
+
+    got = cpu_kernel.qkv_rope(q, k, v, (bq, bk, bv), cos, sin, positions, slots, k_cache, v_cache, H)
+    torch.testing.assert_close(got, rope(q, bq, H), **TOL)
+    flat_k, flat_v = k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D)
+    torch.testing.assert_close(flat_k[slots], rope(k, bk, Hkv), **TOL)
+    torch.testing.assert_close(flat_v[slots], (v if bv is None else v + bv).reshape(T, Hkv, D), **TOL)
+    untouched = torch.ones(blocks * bs, dtype=torch.bool)
+    untouched[slots] = False
+    assert (flat_k[untouched] == 0).all() and (flat_v[untouched] == 0).all()
+    with pytest.raises(ValueError, match="outside"):
+        cpu_kernel.qkv_rope(q, k, v, (bq, bk, bv), cos, sin, positions + 50, slots, k_cache, v_cache, H)
+
+
+@pytest.mark.parametrize("dim", [16, 64])
+def test_the_shared_prefix_merge_equals_attention_over_prefix_and_own_keys(dim):
+    g = torch.Generator().manual_seed(3)
+    B, Hkv, nq, bs, blocks = 7, 2, 3, 4, 60
+    k, v = torch.randn(blocks, bs, Hkv, dim, generator=g), torch.randn(blocks, bs, Hkv, dim, generator=g)
+    q = torch.randn(B, Hkv, nq, dim, generator=g)
+    perm = torch.randperm(blocks, generator=g).tolist()
+    prefix = [perm[0:3], perm[3:5]]  # two clusters: 12 and 8 shared keys
+    members = torch.tensor([[0, 2, 5], [1, 4, -1]])  # rows 3 and 6 share nothing
+    own_tables = torch.tensor([perm[10 + 3 * r : 13 + 3 * r] for r in range(B)])
+    own_lengths = torch.tensor([1, 5, 9, 12, 2, 7, 4])
+    out, lse = cpu_kernel.paged_attention(q, k, v, own_tables, own_lengths)
+    cpu_kernel.paged_attention_shared(q, k, v, torch.tensor([prefix[0], prefix[1] + [0]]),
+                                      torch.tensor([12, 8]), members, out, lse)
+    for r in range(B):  # the reference: one attention over the row's prefix blocks (all full), then its own
+        c = next((i for i, m in enumerate(members.tolist()) if r in m), None)
+        table = (prefix[c] if c is not None else []) + own_tables[r].tolist()
+        n = (len(prefix[c]) * bs if c is not None else 0) + int(own_lengths[r])
+        want, want_lse = attention._attend_gathered(q[r : r + 1], k, v, torch.tensor([table]), torch.tensor([n]))
+        torch.testing.assert_close(out[r : r + 1], want, **TOL)
+        torch.testing.assert_close(lse[r : r + 1], want_lse, **TOL)
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_kernel_matches_the_gather_path_at_its_specialized_head_sizes(dim):
+    q, k, v, tables, _ = cache_and_rows(rows=5, nq=5, dim=dim, block_size=16, blocks=40)
+    lengths = torch.tensor([1, 7, 8, 61, 96])  # under, at and past the kernel's blocks of eight keys
+    out, lse = cpu_kernel.paged_attention(q, k, v, tables, lengths)
+    want, want_lse = attention._attend_gathered(q, k, v, tables, lengths)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)

@@ -47,13 +47,15 @@ def block_bytes(model, block_size=16):
 
 @pytest.fixture(params=["kernel", "pytorch"])
 def attention_path(request, monkeypatch):
-    """Decode attention through the C kernel (where it builds) and through the PyTorch gather path."""
+    """Decode attention and the fused elementwise ops through the C kernels (where they build), and the
+    pure PyTorch path (the gather attention, what runs without a compiler)."""
     from assay.rollout.engine import cpu_kernel
 
     if request.param == "kernel" and cpu_kernel._library() is None:
         pytest.skip("no C compiler: only the PyTorch path exists here")
     if request.param == "pytorch":
         monkeypatch.setattr(cpu_kernel, "usable", lambda q, k_cache: False)
+        monkeypatch.setattr(cpu_kernel, "fused_usable", lambda x: False)
     return request.param
 
 

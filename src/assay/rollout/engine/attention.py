@@ -4,12 +4,14 @@ Sequences attend in groups, each one padded batch: the decoding sequences (one q
 prefilling ones (a chunk of queries each). Keys and values are gathered block by block through each
 sequence's block table. Grouped-query heads are folded into the query axis for decoding, so K/V are
 never repeated per query head. Decoding in float32 on the CPU reads the blocks in place through the C
-kernel of `cpu_kernel` instead of gathering them (decode is memory-bound there).
+kernel of `cpu_kernel` instead of gathering them (decode is memory-bound there), writing straight into
+the step's output when the decoding rows are the first of the batch (the scheduler puts them there).
 
 Decoding sequences that share leading blocks (the samples of one GRPO group share their prompt)
 attend in two parts, merged exactly by their log-sum-exp: the shared prefix once for the whole
 cluster, with all its members' queries in one batch, and each member's own suffix. A shared prompt
-is then read from memory once per step instead of once per sample.
+is then read from memory once per step instead of once per sample. On the kernel's path the merge is C too,
+in place over each member's own part.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class SharedPrefix:
     members: Tensor  # [C, G] the group row of each member (padding repeats a member)
     real: Tensor  # [C * G] which member slots are real
     lengths: Tensor  # [C] keys in the cluster's prefix
+    targets: Tensor | None = None  # [C, G] the group row of each member, -1 for padding (the C kernel's form)
 
 
 @dataclass
@@ -39,6 +42,7 @@ class AttentionGroup:
     valid: Tensor | None  # [B * Tq] which query rows are real; None when all are
     lengths: Tensor | None = None  # decoding: [B] keys each row attends in its block_tables
     shared: SharedPrefix | None = None  # decoding only
+    start: int | None = None  # decoding: rows are start, start + 1, ... (so q and out are slices, not gathers)
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, groups: list[AttentionGroup]) -> Tensor:
@@ -46,6 +50,9 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, groups: list[At
     out = torch.empty_like(q)
     for g in groups:
         B, Tq = g.rows.shape
+        if Tq == 1 and g.start is not None and cpu_kernel.usable(q, k_cache):
+            _decode_in_place(q[g.start : g.start + B], k_cache, v_cache, g, out[g.start : g.start + B])
+            continue
         if Tq == 1:
             o = _decode(q[g.rows[:, 0]], k_cache, v_cache, g)
         else:
@@ -65,6 +72,19 @@ def _gather(cache: Tensor, tables: Tensor) -> Tensor:
     """[B, M] block ids -> [B, Hkv, M * block_size, D]."""
     B, M = tables.shape
     return cache.index_select(0, tables.reshape(-1)).view(B, M * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
+
+
+def _decode_in_place(q: Tensor, k_cache: Tensor, v_cache: Tensor, g: AttentionGroup, out: Tensor) -> None:
+    """The C kernel's decode: q and out [B, H, D] are contiguous slices of the step's queries and
+    output; the shared prefixes are merged into each row's own part in place."""
+    B, H, D = q.shape
+    kv_heads = k_cache.shape[2]
+    qf, of = q.view(B, kv_heads, H // kv_heads, D), out.view(B, kv_heads, H // kv_heads, D)
+    _, lse = cpu_kernel.paged_attention(qf, k_cache, v_cache, g.block_tables, g.lengths, out=of)
+    s = g.shared
+    if s is not None:
+        targets = s.targets if s.targets is not None else torch.where(s.real.view(s.members.shape), s.members, -1)
+        cpu_kernel.paged_attention_shared(qf, k_cache, v_cache, s.tables, s.lengths, targets, of, lse)
 
 
 def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, g: AttentionGroup) -> Tensor:

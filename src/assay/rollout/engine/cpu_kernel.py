@@ -1,8 +1,11 @@
-"""The C paged-attention kernel (`paged_attention.c`) for float32 on the CPU.
+"""The C kernels (`paged_attention.c`) for float32 on the CPU: paged attention, and the elementwise
+work between a layer's GEMMs.
 
 Decoding is memory-bound on the CPU, and the PyTorch path first gathers every row's keys and
 values into a padded copy, then reads the copy: three passes over the cache where the kernel makes
-one. It is compiled with the system C compiler on first use (about a second) into a cache keyed by
+one. A decode step's other work is many small elementwise ops (the residual add and RMSNorm, the
+biases, RoPE, the KV-cache write, SiLU x up), each a PyTorch dispatch and an allocation; the fused
+kernels do each group in one pass over preallocated or in-place memory. The kernels are compiled with the system C compiler on first use (about a second) into a cache keyed by
 the source, the flags and the CPU, and loaded with ctypes, which releases the GIL while it runs.
 Without a compiler, or with ASSAY_CPU_KERNEL=0, the PyTorch path runs instead, with the same
 results up to float rounding.
@@ -29,7 +32,14 @@ log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
-_ARGS = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int]
+_P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+_SIGNATURES = {  # name: (argument types, result type)
+    "paged_attention_f32": ([_P] * 7 + [_I] * 7 + [_F, _INT], _INT),
+    "paged_attention_shared_f32": ([_P] * 8 + [_I] * 9 + [_F, _INT], _INT),
+    "add_rms_norm_f32": ([_P] * 5 + [_I] * 4 + [_F, _INT], None),
+    "silu_mul_f32": ([_P] * 5 + [_I] * 2 + [_INT, _INT], None),
+    "qkv_rope_f32": ([_P, _I, _I] * 3 + [_P] * 10 + [_I] * 6 + [_INT], _INT),
+}
 
 
 def usable(q: Tensor, k_cache: Tensor) -> bool:
@@ -37,9 +47,10 @@ def usable(q: Tensor, k_cache: Tensor) -> bool:
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor,
-                    lengths: Tensor) -> tuple[Tensor, Tensor]:
+                    lengths: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """q [R, Hkv, nq, D]; caches [blocks, block_size, Hkv, D]; tables [R, M]; lengths [R] ->
-    (out [R, Hkv, nq, D], log-sum-exp [R, Hkv, nq, 1]), each row over its first `lengths` keys."""
+    (out [R, Hkv, nq, D], log-sum-exp [R, Hkv, nq, 1]), each row over its first `lengths` keys.
+    `out`, a contiguous tensor of q's shape, receives the result in place."""
     R, Hkv, nq, D = q.shape
     if tables.dtype != torch.int64 or lengths.dtype != torch.int64 or lengths.shape != (R,):
         raise ValueError("paged_attention: tables and lengths must be int64, one row per query row")
@@ -51,7 +62,10 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor,
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("paged_attention: the caches must be contiguous")
     q, tables, lengths = q.contiguous(), tables.contiguous(), lengths.contiguous()
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError("paged_attention: out must be a contiguous float32 tensor of the queries' shape")
     lse = torch.empty((R, Hkv, nq, 1), dtype=q.dtype)
     rc = _library().paged_attention_f32(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lengths.data_ptr(),
@@ -65,6 +79,124 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor,
     return out, lse
 
 
+def paged_attention_shared(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, lengths: Tensor,
+                           members: Tensor, out: Tensor, lse: Tensor) -> None:
+    """Merge each cluster's shared prefix into its members' own parts, in place. q, out [B, Hkv, nq, D]
+    and lse [B, Hkv, nq, 1] as `paged_attention` returned them for the members' own blocks; tables
+    [C, P] and lengths [C] the clusters' prefixes; members [C, G] int64, each cluster's rows (-1: none).
+    Each member ends with attention over its prefix and its own keys together."""
+    B, Hkv, nq, D = q.shape
+    C, G = members.shape
+    if not (q.is_contiguous() and out.is_contiguous() and lse.is_contiguous()) or out.shape != q.shape \
+            or lse.shape != (B, Hkv, nq, 1) or k_cache.shape[2:] != (Hkv, D):
+        raise ValueError("paged_attention_shared: q, out and lse must be contiguous and fit the caches")
+    if any(t.dtype != torch.int64 for t in (tables, lengths, members)) or tables.shape[0] != C or lengths.shape != (C,):
+        raise ValueError("paged_attention_shared: tables, lengths and members must be int64, one row per cluster")
+    tables, lengths, members = tables.contiguous(), lengths.contiguous(), members.contiguous()
+    rc = _library().paged_attention_shared_f32(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lengths.data_ptr(),
+        members.data_ptr(), out.data_ptr(), lse.data_ptr(), C, G, B, Hkv, nq, D, k_cache.shape[1], tables.shape[1],
+        k_cache.shape[0], D ** -0.5, torch.get_num_threads())
+    if rc == -2:
+        raise ValueError("paged_attention_shared: a block table names a block outside the cache, a length exceeds "
+                         "its table, or a member is not a row")
+    if rc != 0:
+        raise MemoryError("paged_attention_shared: out of memory for the attention scores")
+
+
+# -- the fused elementwise kernels ------------------------------------------------------------------
+# Activations are logical [T, n] tensors (token, feature), token-major (contiguous) or feature-major
+# (the transpose of a contiguous [n, T], what `weight @ x.T` returns); the kernels read the strides.
+
+
+def fused_usable(x: Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float32 and _library() is not None
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _check_layout(name: str, *ts: Tensor | None) -> None:
+    for t in ts:
+        if t is None:
+            continue
+        if t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 2:
+            raise ValueError(f"{name}: float32 CPU activations [tokens, features] expected, got {t.dtype} "
+                             f"{tuple(t.shape)} on {t.device}")
+        if not (t.is_contiguous() or t.t().is_contiguous()):
+            raise ValueError(f"{name}: an activation must be token-major or feature-major, not strided otherwise")
+
+
+def _same_layout(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and all(x == y for x, y, n in zip(a.stride(), b.stride(), a.shape, strict=True) if n > 1)
+
+
+def _check_vector(name: str, n: int, *vs: Tensor | None) -> None:
+    for v in vs:
+        if v is not None and (v.dtype != torch.float32 or v.shape != (n,) or not v.is_contiguous()):
+            raise ValueError(f"{name}: a bias or weight must be a contiguous float32 vector of {n}")
+
+
+def add_rms_norm(h: Tensor, delta: Tensor | None, bias: Tensor | None, weight: Tensor, out: Tensor,
+                 eps: float) -> None:
+    """In place: h += delta (+ bias) when delta is given; out = weight * rms_norm(h). h, delta and
+    out [T, n] share one layout."""
+    _check_layout("add_rms_norm", h, delta, out)
+    T, n = h.shape
+    if any(t is not None and not _same_layout(t, h) for t in (delta, out)):
+        raise ValueError("add_rms_norm: h, delta and out must have one shape and one layout")
+    _check_vector("add_rms_norm", n, bias, weight)
+    _library().add_rms_norm_f32(h.data_ptr(), _ptr(delta), _ptr(bias), weight.data_ptr(), out.data_ptr(), T, n,
+                                h.stride(0), h.stride(1), eps, torch.get_num_threads())
+
+
+def silu_mul(gate: Tensor, up: Tensor, bias_gate: Tensor | None, bias_up: Tensor | None) -> Tensor:
+    """silu(gate + bias_gate) * (up + bias_up), [T, n] in the layout of gate (up's must match)."""
+    _check_layout("silu_mul", gate, up)
+    T, n = gate.shape
+    if not _same_layout(up, gate):
+        raise ValueError("silu_mul: gate and up must have one shape and one layout")
+    _check_vector("silu_mul", n, bias_gate, bias_up)
+    act = torch.empty_strided(gate.shape, gate.stride(), dtype=gate.dtype)
+    rows, cols, axis = (T, n, 1) if gate.is_contiguous() else (n, T, 0)
+    _library().silu_mul_f32(gate.data_ptr(), up.data_ptr(), _ptr(bias_gate), _ptr(bias_up), act.data_ptr(), rows,
+                            cols, axis, torch.get_num_threads())
+    return act
+
+
+def qkv_rope(q: Tensor, k: Tensor, v: Tensor, biases: tuple[Tensor | None, Tensor | None, Tensor | None],
+             cos: Tensor, sin: Tensor, positions: Tensor, slots: Tensor, k_cache: Tensor, v_cache: Tensor,
+             num_heads: int) -> Tensor:
+    """q [T, H * D], k and v [T, Hkv * D] (any layout), plus their biases -> RoPE at `positions` (cos,
+    sin [max positions, D]) -> returns q [T, H, D]; k and v are written into the caches (one layer's
+    [blocks, block_size, Hkv, D]) at `slots`."""
+    _check_layout("qkv_rope", q, k, v)
+    T = q.shape[0]
+    Hkv, D = k_cache.shape[2:]
+    if q.shape != (T, num_heads * D) or k.shape != (T, Hkv * D) or v.shape != (T, Hkv * D):
+        raise ValueError(f"qkv_rope: projections {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} do not fit "
+                         f"{num_heads} heads and a cache of {tuple(k_cache.shape)}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape != v_cache.shape:
+        raise ValueError("qkv_rope: the caches must be contiguous and of one shape")
+    if cos.shape != sin.shape or cos.shape[1] != D or not (cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("qkv_rope: cos and sin must be contiguous [positions, head_dim]")
+    if positions.dtype != torch.int64 or slots.dtype != torch.int64 or positions.shape != (T,) or slots.shape != (T,):
+        raise ValueError("qkv_rope: positions and slots must be int64, one per token")
+    for b, n in zip(biases, (num_heads * D, Hkv * D, Hkv * D), strict=True):
+        _check_vector("qkv_rope", n, b)
+    out = torch.empty((T, num_heads, D), dtype=q.dtype)
+    positions, slots = positions.contiguous(), slots.contiguous()
+    rc = _library().qkv_rope_f32(
+        q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0),
+        v.stride(1), *(_ptr(b) for b in biases), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+        slots.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), T, num_heads, Hkv, D,
+        cos.shape[0], k_cache.shape[0] * k_cache.shape[1], torch.get_num_threads())
+    if rc != 0:
+        raise ValueError("qkv_rope: a position is outside the rotary tables or a slot outside the cache")
+    return out
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("ASSAY_CPU_KERNEL", "1") == "0":
@@ -72,11 +204,12 @@ def _library() -> ctypes.CDLL | None:
     try:
         lib = ctypes.CDLL(str(_build()))
     except Exception as e:  # no build problem may stop the engine: it has the PyTorch path
-        log.warning("the C attention kernel is unavailable (%s: %s); the engine uses the PyTorch path",
+        log.warning("the C kernels are unavailable (%s: %s); the engine uses the PyTorch path",
                     type(e).__name__, e)
         return None
-    lib.paged_attention_f32.argtypes = _ARGS
-    lib.paged_attention_f32.restype = ctypes.c_int
+    for name, (args, result) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, result
     return lib
 
 

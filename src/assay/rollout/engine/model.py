@@ -18,6 +18,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from assay.core.errors import AssayError
+from assay.rollout.engine import cpu_kernel
 from assay.rollout.engine.attention import AttentionGroup, paged_attention
 
 SUPPORTED = ("qwen2", "qwen3", "llama")
@@ -54,6 +55,7 @@ class PagedModel:
         self.norm = inner.norm.weight
         self.lm_head = model.lm_head
         self.layers = inner.layers
+        self.silu = getattr(cfg, "hidden_act", None) in ("silu", "swish")  # the fused kernels compute SiLU
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         rotary = inner.rotary_emb
@@ -82,6 +84,8 @@ class PagedModel:
     @torch.inference_mode()
     def forward(self, batch: Batch) -> Tensor:
         """Write the K/V of `batch.tokens` into the cache and return float32 logits at `logits_at`."""
+        if self.silu and cpu_kernel.fused_usable(self.embed):
+            return self._forward_fused(batch)
         h = F.embedding(batch.tokens, self.embed)
         cos, sin = self.cos[batch.positions][:, None, :], self.sin[batch.positions][:, None, :]
         T = h.shape[0]
@@ -108,6 +112,41 @@ class PagedModel:
         last = _rms_norm(h[batch.logits_at], self.norm, self.eps)
         return _linear(last, self.lm_head.weight, self.lm_head.bias).float()
 
+    def _forward_fused(self, batch: Batch) -> Tensor:
+        """`forward` in float32 on the CPU with the elementwise work in C (`cpu_kernel`): the residual
+        add folded into each RMSNorm, the projections' biases, RoPE and the KV-cache write in one pass,
+        SiLU x up in another. A decode step (few rows) keeps its activations feature-major, [features,
+        tokens], which is what `weight @ x.T` returns and takes, so no GEMM output is transposed."""
+        T = batch.tokens.shape[0]
+        few = T <= _FEW_ROWS
+        h = F.embedding(batch.tokens, self.embed)
+        if few:
+            h = h.t().contiguous().t()
+        x = torch.empty_like(h)  # the normalized input of each block, in h's layout
+        delta: Tensor | None = None  # the last block's output, added to h by the next norm
+        bias: Tensor | None = None
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            cpu_kernel.add_rms_norm(h, delta, bias, layer.input_layernorm.weight, x, self.eps)
+            q, bq = _project(x, attn.q_proj, few)
+            k, bk = _project(x, attn.k_proj, few)
+            v, bv = _project(x, attn.v_proj, few)
+            if hasattr(attn, "q_norm"):
+                q = _rms_norm(_biased(q, bq).reshape(T, self.num_heads, self.head_dim), attn.q_norm.weight, self.eps)
+                k = _rms_norm(_biased(k, bk).reshape(T, self.num_kv_heads, self.head_dim), attn.k_norm.weight,
+                              self.eps)
+                q, k, bq, bk = q.view(T, -1), k.view(T, -1), None, None
+            q = cpu_kernel.qkv_rope(q, k, v, (bq, bk, bv), self.cos, self.sin, batch.positions, batch.slots,
+                                    self.k_cache[i], self.v_cache[i], self.num_heads)
+            out = paged_attention(q, self.k_cache[i], self.v_cache[i], batch.groups)
+            delta, bias = _project(out.view(T, -1), attn.o_proj, few)
+            cpu_kernel.add_rms_norm(h, delta, bias, layer.post_attention_layernorm.weight, x, self.eps)
+            gate, bg = _project(x, mlp.gate_proj, few)
+            up, bu = _project(x, mlp.up_proj, few)
+            delta, bias = _project(cpu_kernel.silu_mul(gate, up, bg, bu), mlp.down_proj, few)
+        cpu_kernel.add_rms_norm(h, delta, bias, self.norm, x, self.eps)
+        return _linear(x[batch.logits_at], self.lm_head.weight, self.lm_head.bias).float()
+
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x @ weight.T + bias. For a few rows on the CPU (decoding) the GEMM runs as weight @ x.T: the
@@ -116,6 +155,18 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return F.linear(x, weight, bias)
     y = torch.mm(weight, x.t()).t().contiguous()
     return y if bias is None else y.add_(bias)
+
+
+def _project(x: Tensor, linear: torch.nn.Linear, few: bool) -> tuple[Tensor, Tensor | None]:
+    """(x @ weight.T, the bias still to add): for few rows as weight @ x.T, left feature-major and
+    without its bias (the next fused kernel adds it); otherwise F.linear, token-major, bias added."""
+    if few:
+        return torch.mm(linear.weight, x.t()).t(), linear.bias
+    return F.linear(x, linear.weight, linear.bias), None
+
+
+def _biased(x: Tensor, bias: Tensor | None) -> Tensor:
+    return x if bias is None else x + bias
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -98,8 +98,12 @@ class ModelRunner:
                 members=torch.tensor([r + [r[0]] * (most - len(r)) for r, _ in clusters]),
                 real=torch.tensor([i < len(r) for r, _ in clusters for i in range(most)]),
                 lengths=torch.tensor([s * bs for _, s in clusters]),
+                targets=torch.tensor([r + [-1] * (most - len(r)) for r, _ in clusters]),
             )
-        return self._to_device(AttentionGroup(rows, tables, mask=None, valid=None, lengths=own, shared=shared))
+        starts = [start for _, start in members]
+        first = starts[0] if starts == list(range(starts[0], starts[0] + len(starts))) else None
+        return self._to_device(AttentionGroup(rows, tables, mask=None, valid=None, lengths=own, shared=shared,
+                                              start=first))
 
     def _to_device(self, g: AttentionGroup) -> AttentionGroup:
         d = self.model.device
@@ -107,9 +111,10 @@ class ModelRunner:
             return g
         s = g.shared
         if s is not None:
-            s = SharedPrefix(s.tables.to(d), s.members.to(d), s.real.to(d), s.lengths.to(d))
+            s = SharedPrefix(s.tables.to(d), s.members.to(d), s.real.to(d), s.lengths.to(d),
+                             None if s.targets is None else s.targets.to(d))
         return AttentionGroup(*(None if t is None else t.to(d) for t in (g.rows, g.block_tables, g.mask, g.valid,
-                                                                          g.lengths)), s)
+                                                                          g.lengths)), s, g.start)
 
 
 def _clusters(seqs: list[Sequence], block_size: int) -> list[tuple[list[int], int]]:

@@ -28,6 +28,27 @@ static inline v8 load8(const float *p)
 
 static inline float hsum8(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
 
+/* The eight sums of a[0..7] as one vector, [hsum(a[0]), ..., hsum(a[7])], in three rounds of pairwise
+ * adds instead of eight separate reductions. */
+#if defined(__clang__) || __GNUC__ >= 12
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+typedef int32_t i8v __attribute__((vector_size(32)));
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (i8v){__VA_ARGS__})
+#endif
+
+static inline v8 hsum8x8(const v8 *a)
+{
+    v8 p[4], w[2];
+    for (int i = 0; i < 4; i++)
+        p[i] = SHUF(a[2 * i], a[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               SHUF(a[2 * i], a[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int i = 0; i < 2; i++)
+        w[i] = SHUF(p[2 * i], p[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               SHUF(p[2 * i], p[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return SHUF(w[0], w[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUF(w[0], w[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
 /* Softmax of each query's n scores in place; the log-sum-exp goes to lse. */
 static void softmax_rows(float *s, int64_t nq, int64_t n, float *lse)
 {
@@ -48,48 +69,90 @@ static void softmax_rows(float *s, int64_t nq, int64_t n, float *lse)
     }
 }
 
-#define SLOT(t) ((table[(t) / bs] * bs + (t) % bs) * Hkv + h)
+/* The cache offset, in head vectors, of each of a row's n keys for KV head h: key t sits in block
+ * table[t / bs] at offset t % bs. Computed once per (row, head), so no inner loop divides. */
+static void key_offsets(const int64_t *table, int64_t n, int64_t bs, int64_t Hkv, int64_t h, int64_t *off)
+{
+    for (int64_t b0 = 0, blk = 0; b0 < n; b0 += bs, blk++) {
+        const int64_t base = table[blk] * bs, end = b0 + bs < n ? b0 + bs : n;
+        for (int64_t t = b0; t < end; t++) off[t] = (base + t - b0) * Hkv + h;
+    }
+}
 
-/* One (row, KV head) with a fixed head dimension DIM (a multiple of 8). */
-#define ROW_KERNEL(DIM)                                                                                  \
-    static void row_##DIM(const float *q, const float *k, const float *v, const int64_t *table, int64_t n, \
-                          float *o, float *lse, float *s, int64_t nq, int64_t Hkv, int64_t h, int64_t bs,  \
-                          float scale)                                                                     \
-    {                                                                                                      \
-        enum { W = DIM / 8 };                                                                              \
-        for (int64_t t = 0; t < n; t++) {                                                                  \
-            const float *kt = k + SLOT(t) * DIM;                                                           \
-            v8 key[W];                                                                                     \
-            for (int j = 0; j < W; j++) key[j] = load8(kt + 8 * j);                                        \
-            for (int64_t i = 0; i < nq; i++) {                                                             \
-                const float *qi = q + i * DIM;                                                             \
-                v8 acc = load8(qi) * key[0];                                                               \
-                for (int j = 1; j < W; j++) acc += load8(qi + 8 * j) * key[j];                             \
-                s[i * n + t] = hsum8(acc) * scale;                                                         \
-            }                                                                                              \
-        }                                                                                                  \
-        softmax_rows(s, nq, n, lse);                                                                       \
-        for (int64_t i = 0; i < nq; i++) {                                                                 \
-            const float *wi = s + i * n;                                                                   \
-            v8 acc[W];                                                                                     \
-            for (int j = 0; j < W; j++) acc[j] = (v8){0};                                                  \
-            for (int64_t t = 0; t < n; t++) {                                                              \
-                const float *vt = v + SLOT(t) * DIM;                                                       \
-                const float w = wi[t];                                                                     \
-                for (int j = 0; j < W; j++) acc[j] += w * load8(vt + 8 * j);                               \
-            }                                                                                              \
-            memcpy(o + i * DIM, acc, sizeof acc);                                                          \
-        }                                                                                                  \
+/* One (row, KV head) with a fixed head dimension DIM (a multiple of 8); the values are read once per
+ * pair of queries. */
+#define ROW_KERNEL(DIM)                                                                                    \
+    static void row_##DIM(const float *q, const float *k, const float *v, const int64_t *off, int64_t n,  \
+                          float *o, float *lse, float *s, int64_t nq, float scale)                          \
+    {                                                                                                        \
+        enum { W = DIM / 8 };                                                                                \
+        int64_t t = 0;                                                                                       \
+        for (; t + 8 <= n; t += 8) { /* eight keys at a time: their eight sums reduce together */            \
+            const float *kt[8];                                                                              \
+            for (int u = 0; u < 8; u++) kt[u] = k + off[t + u] * DIM;                                        \
+            for (int64_t i = 0; i < nq; i++) {                                                               \
+                const float *qi = q + i * DIM;                                                               \
+                v8 acc[8];                                                                                   \
+                const v8 q0 = load8(qi);                                                                     \
+                for (int u = 0; u < 8; u++) acc[u] = q0 * load8(kt[u]);                                      \
+                for (int j = 1; j < W; j++) {                                                                \
+                    const v8 qj = load8(qi + 8 * j);                                                         \
+                    for (int u = 0; u < 8; u++) acc[u] += qj * load8(kt[u] + 8 * j);                         \
+                }                                                                                            \
+                const v8 r = hsum8x8(acc) * scale;                                                           \
+                memcpy(s + i * n + t, &r, sizeof r);                                                         \
+            }                                                                                                \
+        }                                                                                                    \
+        for (; t < n; t++) {                                                                                 \
+            const float *kt = k + off[t] * DIM;                                                              \
+            v8 key[W];                                                                                       \
+            for (int j = 0; j < W; j++) key[j] = load8(kt + 8 * j);                                          \
+            for (int64_t i = 0; i < nq; i++) {                                                               \
+                const float *qi = q + i * DIM;                                                               \
+                v8 acc = load8(qi) * key[0];                                                                 \
+                for (int j = 1; j < W; j++) acc += load8(qi + 8 * j) * key[j];                               \
+                s[i * n + t] = hsum8(acc) * scale;                                                           \
+            }                                                                                                \
+        }                                                                                                    \
+        softmax_rows(s, nq, n, lse);                                                                         \
+        int64_t i = 0;                                                                                       \
+        for (; i + 1 < nq; i += 2) {                                                                         \
+            const float *w0 = s + i * n, *w1 = w0 + n;                                                       \
+            v8 a0[W], a1[W];                                                                                 \
+            for (int j = 0; j < W; j++) a0[j] = a1[j] = (v8){0};                                             \
+            for (int64_t t = 0; t < n; t++) {                                                                \
+                const float *vt = v + off[t] * DIM;                                                          \
+                const float x0 = w0[t], x1 = w1[t];                                                          \
+                for (int j = 0; j < W; j++) {                                                                \
+                    const v8 val = load8(vt + 8 * j);                                                        \
+                    a0[j] += x0 * val;                                                                       \
+                    a1[j] += x1 * val;                                                                       \
+                }                                                                                            \
+            }                                                                                                \
+            memcpy(o + i * DIM, a0, sizeof a0);                                                              \
+            memcpy(o + (i + 1) * DIM, a1, sizeof a1);                                                        \
+        }                                                                                                    \
+        if (i < nq) {                                                                                        \
+            const float *wi = s + i * n;                                                                     \
+            v8 acc[W];                                                                                       \
+            for (int j = 0; j < W; j++) acc[j] = (v8){0};                                                    \
+            for (int64_t t = 0; t < n; t++) {                                                                \
+                const float *vt = v + off[t] * DIM;                                                          \
+                const float w = wi[t];                                                                       \
+                for (int j = 0; j < W; j++) acc[j] += w * load8(vt + 8 * j);                                 \
+            }                                                                                                \
+            memcpy(o + i * DIM, acc, sizeof acc);                                                            \
+        }                                                                                                    \
     }
 
 ROW_KERNEL(64)
 ROW_KERNEL(128)
 
-static void row_any(const float *q, const float *k, const float *v, const int64_t *table, int64_t n, float *o,
-                    float *lse, float *s, int64_t nq, int64_t Hkv, int64_t h, int64_t bs, float scale, int64_t D)
+static void row_any(const float *q, const float *k, const float *v, const int64_t *off, int64_t n, float *o,
+                    float *lse, float *s, int64_t nq, float scale, int64_t D)
 {
     for (int64_t t = 0; t < n; t++) {
-        const float *kt = k + SLOT(t) * D;
+        const float *kt = k + off[t] * D;
         for (int64_t i = 0; i < nq; i++) {
             float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -100,13 +163,30 @@ static void row_any(const float *q, const float *k, const float *v, const int64_
     softmax_rows(s, nq, n, lse);
     memset(o, 0, sizeof(float) * nq * D);
     for (int64_t t = 0; t < n; t++) {
-        const float *vt = v + SLOT(t) * D;
+        const float *vt = v + off[t] * D;
         for (int64_t i = 0; i < nq; i++) {
             const float w = s[i * n + t];
 #pragma omp simd
             for (int64_t d = 0; d < D; d++) o[i * D + d] += w * vt[d];
         }
     }
+}
+
+/* Attention of nq queries (contiguous [nq, D]) over a row's n keys; scratch: n offsets, then room for
+ * nq * n scores. */
+static void attend_row(const float *q, const float *k, const float *v, const int64_t *table, int64_t n, float *o,
+                       float *lse, int64_t *scratch, int64_t nq, int64_t Hkv, int64_t h, int64_t bs, float scale,
+                       int64_t D)
+{
+    int64_t *off = scratch;
+    float *s = (float *)(scratch + n);
+    key_offsets(table, n, bs, Hkv, h, off);
+    if (D == 64)
+        row_64(q, k, v, off, n, o, lse, s, nq, scale);
+    else if (D == 128)
+        row_128(q, k, v, off, n, o, lse, s, nq, scale);
+    else
+        row_any(q, k, v, off, n, o, lse, s, nq, scale, D);
 }
 
 /* 0 on success; -1 out of memory; -2 a row names a block outside the cache or more keys than its table holds
@@ -133,21 +213,212 @@ int paged_attention_f32(const float *q, const float *k, const float *v, const in
                 for (int64_t i = 0; i < nq; i++) lh[i] = -INFINITY;
                 continue;
             }
-            float *s = malloc(sizeof(float) * nq * n); /* scores, then weights: [nq, n] */
+            int64_t *s = malloc(sizeof(int64_t) * n + sizeof(float) * nq * n); /* key offsets; scores, then weights */
             if (s == NULL) {
 #pragma omp atomic write
                 failed = 1;
                 continue;
             }
-            const int64_t *table = tables + r * M;
-            if (D == 64)
-                row_64(qh, k, v, table, n, oh, lh, s, nq, Hkv, h, bs, scale);
-            else if (D == 128)
-                row_128(qh, k, v, table, n, oh, lh, s, nq, Hkv, h, bs, scale);
-            else
-                row_any(qh, k, v, table, n, oh, lh, s, nq, Hkv, h, bs, scale, D);
+            attend_row(qh, k, v, tables + r * M, n, oh, lh, s, nq, Hkv, h, bs, scale, D);
             free(s);
         }
     }
     return failed ? -1 : 0;
+}
+
+/* The prefix shared by a cluster of decoding rows (a GRPO group's prompt), attended once for all its
+ * members' queries and merged by log-sum-exp into each member's own part, in place.
+ *
+ *   members  [C, G] int64  the rows of out/lse (and q) each cluster's members are (-1: padding)
+ *   tables   [C, M], lens [C]  the cluster's prefix blocks and keys
+ *   q, out   [B, Hkv, nq, D]   out/lse hold each row's own part on entry and the merged result on return
+ *   lse      [B, Hkv, nq]
+ *
+ * A row belongs to at most one cluster, so the clusters' merges never touch the same row.
+ */
+int paged_attention_shared_f32(const float *q, const float *k, const float *v, const int64_t *tables,
+                               const int64_t *lens, const int64_t *members, float *out, float *lse, int64_t C,
+                               int64_t G, int64_t B, int64_t Hkv, int64_t nq, int64_t D, int64_t bs, int64_t M,
+                               int64_t blocks, float scale, int threads)
+{
+    for (int64_t c = 0; c < C; c++) {
+        if (lens[c] > M * bs) return -2;
+        for (int64_t j = 0; j < (lens[c] + bs - 1) / bs; j++)
+            if (tables[c * M + j] < 0 || tables[c * M + j] >= blocks) return -2;
+        for (int64_t g = 0; g < G; g++)
+            if (members[c * G + g] >= B) return -2;
+    }
+    int failed = 0;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(threads)
+    for (int64_t c = 0; c < C; c++) {
+        for (int64_t h = 0; h < Hkv; h++) {
+            const int64_t n = lens[c];
+            const int64_t *mem = members + c * G;
+            int64_t real = 0;
+            for (int64_t g = 0; g < G; g++) real += mem[g] >= 0;
+            if (n <= 0 || real == 0) continue; /* no prefix keys: the own part stands */
+            const int64_t rows = real * nq, row = nq * D;
+            /* the members' queries, then the prefix part's outputs and log-sum-exps, then the scores */
+            /* scratch (key offsets and scores), then the members' queries, the prefix part's outputs and its
+             * log-sum-exps */
+            int64_t *buf = malloc(sizeof(int64_t) * n + sizeof(float) * (rows * n + 2 * rows * D + rows));
+            if (buf == NULL) {
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
+            float *qb = (float *)(buf + n) + rows * n, *ob = qb + rows * D, *lb = ob + rows * D;
+            for (int64_t g = 0, i = 0; g < G; g++)
+                if (mem[g] >= 0) memcpy(qb + (i++) * row, q + (mem[g] * Hkv + h) * row, sizeof(float) * row);
+            attend_row(qb, k, v, tables + c * M, n, ob, lb, buf, rows, Hkv, h, bs, scale, D);
+            for (int64_t g = 0, i = 0; g < G; g++) {
+                if (mem[g] < 0) continue;
+                float *oo = out + (mem[g] * Hkv + h) * row, *lo = lse + (mem[g] * Hkv + h) * nq;
+                for (int64_t j = 0; j < nq; j++, i++) {
+                    const float a = lo[j], b = lb[i];
+                    if (a < -1e30f) { /* the row had no keys of its own */
+                        memcpy(oo + j * D, ob + i * D, sizeof(float) * D);
+                        lo[j] = b;
+                        continue;
+                    }
+                    const float top = a > b ? a : b;
+                    const float total = top + logf(expf(a - top) + expf(b - top));
+                    const float wa = expf(a - total), wb = expf(b - total);
+#pragma omp simd
+                    for (int64_t d = 0; d < D; d++) oo[j * D + d] = wa * oo[j * D + d] + wb * ob[i * D + d];
+                    lo[j] = total;
+                }
+            }
+            free(buf);
+        }
+    }
+    return failed ? -1 : 0;
+}
+
+/* The elementwise work between a decoder layer's GEMMs. An activation's element (token t, feature j)
+ * sits at p[t * ts + j * js]: token-major [T, n] (ts = n, js = 1, what F.linear returns for a prefill)
+ * or feature-major [n, T] (ts = 1, js = T, what weight @ x.T returns for a decode step). The loops run
+ * along whichever axis is contiguous, so they vectorize in both layouts. */
+
+#define TOKEN_BLOCK 16 /* tokens per parallel task */
+/* Below this many elements a pass runs on the calling thread: a decode step's passes take tens of
+ * microseconds, less than waking the other threads costs on a busy machine. Prefill passes split. */
+#define PARALLEL_MIN (1 << 18)
+
+/* h += delta (+ bias[j]), when delta is given; then x = w * (h / sqrt(mean_j h^2 + eps)), row by row as
+ * Hugging Face's RMSNorm computes it in float32. h, delta and x share one layout. */
+void add_rms_norm_f32(float *h, const float *delta, const float *bias, const float *w, float *x, int64_t T,
+                      int64_t n, int64_t ts, int64_t js, float eps, int threads)
+{
+    const int64_t tasks = (T + TOKEN_BLOCK - 1) / TOKEN_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(threads) if (T * n > PARALLEL_MIN)
+    for (int64_t b = 0; b < tasks; b++) {
+        const int64_t t0 = b * TOKEN_BLOCK, t1 = t0 + TOKEN_BLOCK < T ? t0 + TOKEN_BLOCK : T;
+        float ss[TOKEN_BLOCK] = {0};
+        if (js == 1) { /* token-major: each token's features are contiguous */
+            for (int64_t t = t0; t < t1; t++) {
+                float *ht = h + t * ts;
+                float acc = 0.0f;
+                if (delta != NULL) {
+                    const float *dt = delta + t * ts;
+#pragma omp simd
+                    for (int64_t j = 0; j < n; j++) ht[j] += bias != NULL ? dt[j] + bias[j] : dt[j];
+                }
+#pragma omp simd reduction(+ : acc)
+                for (int64_t j = 0; j < n; j++) acc += ht[j] * ht[j];
+                ss[t - t0] = acc;
+            }
+        } else { /* feature-major: each feature's tokens are contiguous */
+            for (int64_t j = 0; j < n; j++) {
+                float *hj = h + j * js;
+                if (delta != NULL) {
+                    const float *dj = delta + j * js;
+                    const float bj = bias != NULL ? bias[j] : 0.0f;
+                    if (bias != NULL)
+                        for (int64_t t = t0; t < t1; t++) hj[t * ts] += dj[t * ts] + bj;
+                    else
+                        for (int64_t t = t0; t < t1; t++) hj[t * ts] += dj[t * ts];
+                }
+                for (int64_t t = t0; t < t1; t++) ss[t - t0] += hj[t * ts] * hj[t * ts];
+            }
+        }
+        float r[TOKEN_BLOCK];
+        for (int64_t t = t0; t < t1; t++) r[t - t0] = (float)(1.0 / sqrt((double)(ss[t - t0] / (float)n) + eps));
+        if (js == 1) {
+            for (int64_t t = t0; t < t1; t++) {
+                const float *ht = h + t * ts;
+                float *xt = x + t * ts;
+                const float rt = r[t - t0];
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) xt[j] = w[j] * (ht[j] * rt);
+            }
+        } else {
+            for (int64_t j = 0; j < n; j++) {
+                const float *hj = h + j * js;
+                float *xj = x + j * js;
+                for (int64_t t = t0; t < t1; t++) xj[t * ts] = w[j] * (hj[t * ts] * r[t - t0]);
+            }
+        }
+    }
+}
+
+/* act = silu(gate + bg) * (up + bu), elementwise over contiguous [R, Cn] arrays; a bias is indexed by
+ * the row (bias_axis 0: feature-major) or the column (1: token-major); either may be NULL. */
+void silu_mul_f32(const float *gate, const float *up, const float *bg, const float *bu, float *act, int64_t R,
+                  int64_t Cn, int bias_axis, int threads)
+{
+#pragma omp parallel for schedule(static) num_threads(threads) if (R * Cn > PARALLEL_MIN)
+    for (int64_t r = 0; r < R; r++) {
+        const float *g = gate + r * Cn, *u = up + r * Cn;
+        float *a = act + r * Cn;
+        if (bg == NULL && bu == NULL) {
+#pragma omp simd
+            for (int64_t c = 0; c < Cn; c++) a[c] = g[c] / (1.0f + expf(-g[c])) * u[c];
+        } else {
+            for (int64_t c = 0; c < Cn; c++) {
+                const int64_t j = bias_axis == 0 ? r : c;
+                const float x = bg != NULL ? g[c] + bg[j] : g[c];
+                const float y = bu != NULL ? u[c] + bu[j] : u[c];
+                a[c] = x / (1.0f + expf(-x)) * y;
+            }
+        }
+    }
+}
+
+/* The step after the q, k and v projections: their biases (any may be NULL), rotary embedding of q and k
+ * at each token's position (rotate-half form: cos, sin [positions, D]), q into q_out [T, H, D], k and v
+ * into the caches [slots, Hkv, D] at slot[t]. q, k and v are activations as above, each with its own
+ * strides. 0, or -2 when a position or a slot is out of range (checked before anything is written). */
+int qkv_rope_f32(const float *q, int64_t qts, int64_t qjs, const float *k, int64_t kts, int64_t kjs,
+                 const float *v, int64_t vts, int64_t vjs, const float *bq, const float *bk, const float *bv,
+                 const float *cos_t, const float *sin_t, const int64_t *pos, const int64_t *slot, float *q_out,
+                 float *k_cache, float *v_cache, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t positions,
+                 int64_t slots, int threads)
+{
+    for (int64_t t = 0; t < T; t++)
+        if (pos[t] < 0 || pos[t] >= positions || slot[t] < 0 || slot[t] >= slots) return -2;
+    const int64_t half = D / 2;
+#pragma omp parallel for schedule(static) num_threads(threads) if (T * (H + Hkv) * D > PARALLEL_MIN)
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = cos_t + pos[t] * D, *s = sin_t + pos[t] * D;
+        for (int64_t hh = 0; hh < H + Hkv; hh++) {
+            const int is_q = hh < H;
+            const int64_t head = is_q ? hh : hh - H;
+            const float *src = is_q ? q + t * qts : k + t * kts;
+            const int64_t sj = is_q ? qjs : kjs;
+            const float *b = is_q ? bq : bk;
+            float *dst = is_q ? q_out + (t * H + head) * D : k_cache + (slot[t] * Hkv + head) * D;
+            for (int64_t d = 0; d < half; d++) {
+                const int64_t j1 = head * D + d, j2 = j1 + half;
+                const float x1 = b != NULL ? src[j1 * sj] + b[j1] : src[j1 * sj];
+                const float x2 = b != NULL ? src[j2 * sj] + b[j2] : src[j2 * sj];
+                dst[d] = x1 * c[d] + (-x2) * s[d];
+                dst[d + half] = x2 * c[d + half] + x1 * s[d + half];
+            }
+        }
+        const float *vt = v + t * vts;
+        float *vd = v_cache + slot[t] * Hkv * D;
+        for (int64_t j = 0; j < Hkv * D; j++) vd[j] = bv != NULL ? vt[j * vjs] + bv[j] : vt[j * vjs];
+    }
+    return 0;
 }
