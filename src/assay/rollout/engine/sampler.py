@@ -22,20 +22,29 @@ def sample(logits: Tensor, params: list[SamplingParams], streams: list[int | Non
     A row with a stream key (a seeded request) draws its uniform from a counter-based generator keyed
     by (stream, position): its samples depend on nothing else, not on the batch it shares, nor on a
     preemption. Rows without one draw from torch's global generator."""
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=logits.dtype,
-                         device=logits.device)
-    logp = torch.log_softmax(logits / temps[:, None], dim=-1)
-    tokens = logp.argmax(dim=-1)
+    if all(p.temperature in (0, 1) for p in params):  # dividing by 1 changes nothing: skip the pass
+        logp = torch.log_softmax(logits, dim=-1)
+    else:
+        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=logits.dtype,
+                             device=logits.device)
+        logp = torch.log_softmax(logits / temps[:, None], dim=-1)
     stochastic = [i for i, p in enumerate(params) if p.temperature > 0]
+    every = bool(stochastic) and len(stochastic) == len(params)
+    tokens = None if every else logp.argmax(dim=-1)  # greedy rows' tokens (not needed when none is greedy)
     if stochastic:
-        probs = truncate(logp[stochastic].exp(), [params[i] for i in stochastic])
-        u = torch.rand(len(stochastic), dtype=torch.float64)
-        for j, i in enumerate(stochastic):
-            if streams[i] is not None:
-                u[j] = uniform(streams[i], positions[i])
+        probs = truncate((logp if every else logp[stochastic]).exp(), [params[i] for i in stochastic])
+        u = torch.rand(len(stochastic), dtype=torch.float64)  # drawn even when every row is seeded, as always
+        seeded = [j for j, i in enumerate(stochastic) if streams[i] is not None]
+        if seeded:
+            u[seeded] = torch.tensor([uniform(streams[stochastic[j]], positions[stochastic[j]]) for j in seeded],
+                                     dtype=torch.float64)
         cdf = probs.double().cumsum(-1)
         picked = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True).squeeze(-1)
-        tokens[stochastic] = picked.clamp_(max=probs.shape[-1] - 1)
+        picked = picked.clamp_(max=probs.shape[-1] - 1)
+        if every:
+            tokens = picked
+        else:
+            tokens[stochastic] = picked
     chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
     return tokens.tolist(), chosen.tolist()
 
