@@ -36,8 +36,8 @@ _P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {  # name: (argument types, result type)
     "paged_attention_f32": ([_P] * 7 + [_I] * 7 + [_F, _INT], _INT),
     "paged_attention_shared_f32": ([_P] * 8 + [_I] * 9 + [_F, _INT], _INT),
-    "add_rms_norm_f32": ([_P] * 5 + [_I] * 4 + [_F, _INT], None),
-    "silu_mul_f32": ([_P] * 5 + [_I] * 2 + [_INT, _INT], None),
+    "add_rms_norm_f32": ([_P] * 5 + [_I] * 6 + [_F, _INT], None),
+    "silu_mul_f32": ([_P] * 5 + [_I] * 4 + [_INT, _INT], None),
     "qkv_rope_f32": ([_P, _I, _I] * 3 + [_P] * 10 + [_I] * 6 + [_INT], _INT),
 }
 
@@ -140,28 +140,30 @@ def _check_vector(name: str, n: int, *vs: Tensor | None) -> None:
 
 def add_rms_norm(h: Tensor, delta: Tensor | None, bias: Tensor | None, weight: Tensor, out: Tensor,
                  eps: float) -> None:
-    """In place: h += delta (+ bias) when delta is given; out = weight * rms_norm(h). h, delta and
-    out [T, n] share one layout."""
+    """In place: h += delta (+ bias) when delta is given; out = weight * rms_norm(h). h and delta
+    [T, n] share one layout; out, of h's shape, may have the other."""
     _check_layout("add_rms_norm", h, delta, out)
     T, n = h.shape
-    if any(t is not None and not _same_layout(t, h) for t in (delta, out)):
-        raise ValueError("add_rms_norm: h, delta and out must have one shape and one layout")
+    if (delta is not None and not _same_layout(delta, h)) or out.shape != h.shape:
+        raise ValueError("add_rms_norm: h and delta must have one shape and one layout, out h's shape")
     _check_vector("add_rms_norm", n, bias, weight)
     _library().add_rms_norm_f32(h.data_ptr(), _ptr(delta), _ptr(bias), weight.data_ptr(), out.data_ptr(), T, n,
-                                h.stride(0), h.stride(1), eps, torch.get_num_threads())
+                                h.stride(0), h.stride(1), out.stride(0), out.stride(1), eps, torch.get_num_threads())
 
 
 def silu_mul(gate: Tensor, up: Tensor, bias_gate: Tensor | None, bias_up: Tensor | None) -> Tensor:
-    """silu(gate + bias_gate) * (up + bias_up), [T, n] in the layout of gate (up's must match)."""
+    """silu(gate + bias_gate) * (up + bias_up): token-major [T, n], whatever the layout of gate (up's
+    must match it)."""
     _check_layout("silu_mul", gate, up)
     T, n = gate.shape
     if not _same_layout(up, gate):
         raise ValueError("silu_mul: gate and up must have one shape and one layout")
     _check_vector("silu_mul", n, bias_gate, bias_up)
-    act = torch.empty_strided(gate.shape, gate.stride(), dtype=gate.dtype)
-    rows, cols, axis = (T, n, 1) if gate.is_contiguous() else (n, T, 0)
+    act = torch.empty((T, n), dtype=gate.dtype)
+    # gate and up as contiguous [rows, cols]; act's strides in those terms
+    rows, cols, row_stride, col_stride, axis = (T, n, n, 1, 1) if gate.is_contiguous() else (n, T, 1, n, 0)
     _library().silu_mul_f32(gate.data_ptr(), up.data_ptr(), _ptr(bias_gate), _ptr(bias_up), act.data_ptr(), rows,
-                            cols, axis, torch.get_num_threads())
+                            cols, row_stride, col_stride, axis, torch.get_num_threads())
     return act
 
 

@@ -306,9 +306,11 @@ int paged_attention_shared_f32(const float *q, const float *k, const float *v, c
 #define PARALLEL_MIN (1 << 18)
 
 /* h += delta (+ bias[j]), when delta is given; then x = w * (h / sqrt(mean_j h^2 + eps)), row by row as
- * Hugging Face's RMSNorm computes it in float32. h, delta and x share one layout. */
+ * Hugging Face's RMSNorm computes it in float32. h and delta share one layout (ts, js), x has its own
+ * (xts, xjs): a decode step keeps h feature-major, like the GEMM outputs added to it, and gives the next
+ * GEMM its input token-major (MKL is slow on a narrow feature-major operand). */
 void add_rms_norm_f32(float *h, const float *delta, const float *bias, const float *w, float *x, int64_t T,
-                      int64_t n, int64_t ts, int64_t js, float eps, int threads)
+                      int64_t n, int64_t ts, int64_t js, int64_t xts, int64_t xjs, float eps, int threads)
 {
     const int64_t tasks = (T + TOKEN_BLOCK - 1) / TOKEN_BLOCK;
 #pragma omp parallel for schedule(static) num_threads(threads) if (T * n > PARALLEL_MIN)
@@ -347,39 +349,40 @@ void add_rms_norm_f32(float *h, const float *delta, const float *bias, const flo
         if (js == 1) {
             for (int64_t t = t0; t < t1; t++) {
                 const float *ht = h + t * ts;
-                float *xt = x + t * ts;
+                float *xt = x + t * xts;
                 const float rt = r[t - t0];
 #pragma omp simd
-                for (int64_t j = 0; j < n; j++) xt[j] = w[j] * (ht[j] * rt);
+                for (int64_t j = 0; j < n; j++) xt[j * xjs] = w[j] * (ht[j] * rt);
             }
         } else {
-            for (int64_t j = 0; j < n; j++) {
-                const float *hj = h + j * js;
-                float *xj = x + j * js;
-                for (int64_t t = t0; t < t1; t++) xj[t * ts] = w[j] * (hj[t * ts] * r[t - t0]);
+            for (int64_t t = t0; t < t1; t++) {
+                float *xt = x + t * xts;
+                const float rt = r[t - t0];
+                for (int64_t j = 0; j < n; j++) xt[j * xjs] = w[j] * (h[j * js + t * ts] * rt);
             }
         }
     }
 }
 
-/* act = silu(gate + bg) * (up + bu), elementwise over contiguous [R, Cn] arrays; a bias is indexed by
- * the row (bias_axis 0: feature-major) or the column (1: token-major); either may be NULL. */
+/* act = silu(gate + bg) * (up + bu), elementwise over contiguous [R, Cn] gate and up; act[r, c] is at
+ * act[r * ars + c * acs] (the caller asks for token-major). A bias is indexed by the row (bias_axis 0:
+ * feature-major) or the column (1: token-major); either may be NULL. */
 void silu_mul_f32(const float *gate, const float *up, const float *bg, const float *bu, float *act, int64_t R,
-                  int64_t Cn, int bias_axis, int threads)
+                  int64_t Cn, int64_t ars, int64_t acs, int bias_axis, int threads)
 {
 #pragma omp parallel for schedule(static) num_threads(threads) if (R * Cn > PARALLEL_MIN)
     for (int64_t r = 0; r < R; r++) {
         const float *g = gate + r * Cn, *u = up + r * Cn;
-        float *a = act + r * Cn;
+        float *a = act + r * ars;
         if (bg == NULL && bu == NULL) {
 #pragma omp simd
-            for (int64_t c = 0; c < Cn; c++) a[c] = g[c] / (1.0f + expf(-g[c])) * u[c];
+            for (int64_t c = 0; c < Cn; c++) a[c * acs] = g[c] / (1.0f + expf(-g[c])) * u[c];
         } else {
             for (int64_t c = 0; c < Cn; c++) {
                 const int64_t j = bias_axis == 0 ? r : c;
                 const float x = bg != NULL ? g[c] + bg[j] : g[c];
                 const float y = bu != NULL ? u[c] + bu[j] : u[c];
-                a[c] = x / (1.0f + expf(-x)) * y;
+                a[c * acs] = x / (1.0f + expf(-x)) * y;
             }
         }
     }
