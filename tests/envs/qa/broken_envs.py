@@ -145,9 +145,9 @@ class HiddenTestsInTheWorkspace(CodegenEnv):
         return [json.dumps(task.payload["tests"])]
 
     def start(self, task, sandbox):
-        box = sandbox if sandbox is not None else open_sandbox(self.limits)
+        box = sandbox if sandbox is not None else open_sandbox(self.sandbox_limits)
         box.write_file(".hidden_tests.json", json.dumps(task.payload["tests"]))
-        episode = _ClosingEpisode(task, box, self.limits)
+        episode = _ClosingEpisode(task, box, self.sandbox_limits)
         episode.owned = sandbox is None
         return episode
 
