@@ -6,7 +6,6 @@ the same path as with spawned ranks, so the two step alike (tested to the bit)."
 from __future__ import annotations
 
 import copy
-import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,8 @@ import torch.distributed as dist
 from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Trajectory
-from assay.pipeline.ray_workers import RESIZE_WAIT_S, start_ray
-from assay.pipeline.train_ranks import GROUP_TIMEOUT, Rank, state_bytes
+from assay.pipeline.ray_workers import RESIZE_WAIT_S, start_ray, stop_ray
+from assay.pipeline.train_ranks import GROUP_TIMEOUT, Rank, check_can_start, state_bytes
 
 
 def _rendezvous(local: bool) -> str:
@@ -39,11 +38,7 @@ class RayRanks:
             import ray
         except ImportError:
             raise AssayError("train.rank_workers: ray needs Ray: pip install -e '.[ray]'") from None
-        if dist.is_initialized():
-            raise AssayError("train.ranks > 1 starts its own process group, but one is already initialized here")
-        if next(model.parameters()).is_cuda:
-            raise AssayError("train.ranks > 1 runs the ranks on the CPU (gloo); ranks on GPUs are not built yet: "
-                             "use train.ranks: 1")
+        check_can_start(model)
         self.ray = ray
         self.started, self.temp = start_ray(cfg, run_dir)
         self.actors: list[Any] = []
@@ -99,7 +94,4 @@ class RayRanks:
         self.actors, self.pending = [], []
         if dist.is_initialized():
             dist.destroy_process_group()
-        if self.started:
-            self.ray.shutdown()
-            if self.temp is not None:
-                shutil.rmtree(self.temp, ignore_errors=True)
+        stop_ray(self.started, self.temp)

@@ -120,6 +120,16 @@ def start_ray(cfg: Config, run_dir: Path) -> tuple[bool, Path | None]:
     return True, made
 
 
+def stop_ray(started: bool, temp: Path | None) -> None:
+    """Undo `start_ray`: shut Ray down if it was started here, and remove its temporary directory."""
+    if started:
+        import ray
+
+        ray.shutdown()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
 class RayRollout:
     """The trainer's handle on the rollout actors, with the worker process's interface."""
 
@@ -408,7 +418,4 @@ class RayRollout:
             for group in self.groups:
                 remove_placement_group(group)
             self.groups = []
-        if self.started:
-            self.ray.shutdown()
-            if self.temp:
-                shutil.rmtree(self.temp, ignore_errors=True)
+        stop_ray(self.started, self.temp)

@@ -101,15 +101,20 @@ def _serve_rank(rank: int, world: int, init: str, cfg: Config, model: Any, ref: 
         me.leave()
 
 
+def check_can_start(model: Any) -> None:
+    """What ranks on processes or Ray actors both need: no process group yet, the model on the CPU."""
+    if dist.is_initialized():
+        raise AssayError("train.ranks > 1 starts its own process group, but one is already initialized here")
+    if next(model.parameters()).is_cuda:
+        raise AssayError("train.ranks > 1 runs the ranks on the CPU (gloo); on CUDA each rank needs a GPU of its "
+                         "own, which is not built yet: use train.ranks: 1")
+
+
 class TrainRanks:
     """Ranks 1 .. world-1 and the process group; create it before rank 0's trainer (which joins it)."""
 
     def __init__(self, cfg: Config, model: Any, ref: Any, world: int) -> None:
-        if dist.is_initialized():
-            raise AssayError("train.ranks > 1 starts its own process group, but one is already initialized here")
-        if next(model.parameters()).is_cuda:
-            raise AssayError("train.ranks > 1 runs the ranks on this machine's CPU (gloo); on CUDA each rank needs a "
-                             "GPU of its own, which is not built yet: use train.ranks: 1")
+        check_can_start(model)
         ctx = mp.get_context("spawn")
         self.dir = Path(tempfile.mkdtemp(prefix="assay-ranks-"))
         init = f"file://{self.dir / 'store'}"
