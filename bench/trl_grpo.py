@@ -30,6 +30,7 @@ from assay.agent.render import prompt_ids
 from assay.core.config import DomainConfig, RolloutConfig
 from assay.core.modeling import load_model
 from assay.core.types import Message
+from assay.envs.episode import close_episode, start_episode
 from assay.envs.registry import get_env
 from assay.envs.split import draw_task
 from assay.eval.evaluate import evaluate
@@ -59,8 +60,14 @@ def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tupl
             raise SystemExit("TRL's prompt tokens differ from Assay's; the comparison would not be like for like")
 
     def reward(prompts: list, completions: list, index: list[int], **_: Any) -> list[float]:
-        return [env.start(tasks[i], None).verify([Message("assistant", c[0]["content"])]).score
-                for c, i in zip(completions, index, strict=True)]
+        return [verify(tasks[i], c[0]["content"]) for c, i in zip(completions, index, strict=True)]
+
+    def verify(task: Any, completion: str) -> float:  # on a warm pooled sandbox, as Assay's rollout verifies
+        episode = start_episode(env, task)
+        try:
+            return episode.verify([Message("assistant", completion)]).score
+        finally:
+            close_episode(episode)
 
     saved: dict[int, tuple[float, Path]] = {}  # step -> (wall-clock since the start, checkpoint)
     paused = [0.0]
@@ -89,17 +96,19 @@ def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tupl
     return time.perf_counter() - start - paused[0], saved
 
 
-def run_assay(policy: Path, a: argparse.Namespace, out: Path, dynamic: bool
+def run_assay(policy: Path, a: argparse.Namespace, out: Path, name: str
               ) -> tuple[float, dict[int, tuple[float, Path]]]:
-    """`assay train` on the same settings; its tasks come from its own mixer, drawn from the same distribution."""
-    name = "assay-dynamic" if dynamic else "assay"
+    """`assay train` on the same settings; its tasks come from its own mixer, drawn from the same distribution.
+    `assay-dynamic` refills zero-variance groups; `assay-async` samples a step ahead on a process of its own."""
+    dynamic = name == "assay-dynamic"
+    pipeline = {"mode": "async", "max_staleness": 1, "workers": "process"} if name == "assay-async" else {}
     config = {
         "name": name, "run_dir": str(out), "seed": a.seed, "threads": a.threads,
         "model": {"path": str(policy)},
         "domains": [{"name": DOMAIN, "env": DOMAIN, "group_size": a.group, "max_new_tokens": a.max_tokens,
                      "difficulty": {"min": 1, "max": 4, "schedule": "uniform"}}],
         "rollout": {"temperature": a.temperature},
-        "pipeline": {"online": True},
+        "pipeline": {"online": True, **pipeline},
         "train": {"steps": a.steps, "groups_per_step": a.prompts, "lr": a.lr, "betas": [0.9, 0.99],
                   "dynamic_sampling": dynamic, "checkpoint_every": a.every, "keep_checkpoints": a.steps,
                   "loss": {"eps_low": 0.2, "eps_high": 0.28, "kl_coef": 0.0, "std_normalize": False,
@@ -141,7 +150,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--runs", default="trl,assay,assay-dynamic",
-                   help="which to run: trl, assay (dynamic sampling off), assay-dynamic; TRL's is the target")
+                   help="which to run: trl, assay (dynamic sampling off), assay-dynamic, assay-async; TRL's is the target")
     a = p.parse_args()
     runs = a.runs.split(",")
     torch.set_num_threads(a.threads)
@@ -151,10 +160,11 @@ def main() -> None:
     start = held_out(a.policy, a)
     if "trl" in runs:
         rows.append(("TRL GRPOTrainer", *run_trl(a.policy, tasks_for(a.steps, a.prompts, a.seed), a, out)))
-    for dynamic, name in ((False, "assay"), (True, "assay-dynamic")):
+    labels = {"assay": "assay train, dynamic sampling off", "assay-dynamic": "assay train, dynamic sampling on",
+              "assay-async": "assay train, async (staleness 1), no refills"}
+    for name, label in labels.items():
         if name in runs:
-            rows.append((f"assay train, dynamic sampling {'on' if dynamic else 'off'}",
-                         *run_assay(a.policy, a, out, dynamic)))
+            rows.append((label, *run_assay(a.policy, a, out, name)))
     report: dict[str, Any] = {"start_pass_at_1": start, "settings": vars(a), "runs": []}
     for label, wall, ckpts in rows:  # evaluated after all training: evaluation is in no run's wall-clock
         curve = {s: {"at_s": at, "pass_at_1": held_out(d, a)} for s, (at, d) in sorted(ckpts.items())}
