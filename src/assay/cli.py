@@ -448,7 +448,7 @@ def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, 
                   threads: Annotated[int, typer.Option(help="torch threads in every process (0: torch's default)")] = 0,
                   rounds: Annotated[int, typer.Option(help="runs of each backend on each workload, alternated")] = 3,
                   backends: Annotated[str | None, typer.Option(
-                      help="comma-separated: hf, engine, vllm-32, vllm-128 (vLLM with KV blocks of 32 or 128 "
+                      help="comma-separated: hf, engine, engine-torch (on torch.mm), vllm-32, vllm-128 (vLLM with KV blocks of 32 or 128 "
                            "tokens); default: hf and engine, with both vLLM rows where vLLM is installed or "
                            "--vllm-python is given")] = None,
                   vllm_python: Annotated[str | None, typer.Option(

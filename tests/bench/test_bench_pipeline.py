@@ -19,5 +19,6 @@ def test_bench_pipeline_runs_every_variant_and_reports_busy_shares(tmp_path):
     for r in rows:
         assert len(r.seconds) == 1 and 0 < r.rollout_busy[0] <= 1.0 and 0 < r.train_busy[0] <= 1.0
         assert 0.0 <= r.pass_rate[0] <= 1.0
+        assert len(r.cpu_busy) == 1 and 0.0 < r.cpu_busy[0] <= 1.0  # the run itself kept a core busy
     text = table(rows)
     assert all(f"| {r.variant} |" in text for r in rows)

@@ -214,6 +214,42 @@ def test_update_weights_is_in_place_and_drops_the_cache(tok, model):
     assert engine.generate([GenRequest(prompts[0], GREEDY)])[0][0].policy_version == 3
 
 
+@pytest.mark.parametrize("gemm", ["onednn", "torch"])
+def test_both_gemm_libraries_give_transformers_greedy_tokens(tok, policy, gemm):
+    from assay.rollout.engine import onednn
+
+    if gemm == "onednn" and not onednn.available():
+        pytest.skip("this torch has no oneDNN")
+    prompts = random_prompts(len(tok), 6, max_len=90, seed=5)  # some past the few-rows cut, some under it
+    engine = Engine(policy, tok, EngineConfig(gemm=gemm))
+    assert (engine.model.packs is not None) == (gemm == "onednn")
+    assert engine_tokens(engine, prompts) == hf_greedy(policy, tok, prompts)
+
+
+def test_an_in_place_write_to_the_weights_reaches_the_packed_gemms(tok, model):
+    """An optimizer step writes the parameters in place, without update_weights: the engine runs the new
+    weights next (each packed copy is remade when its weight's version moves)."""
+    import copy
+
+    policy = spread(copy.deepcopy(model))
+    engine = Engine(policy, tok)
+    prompts = random_prompts(len(tok), 4)
+    before = engine_tokens(engine, prompts)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    engine.blocks.reset_cache()  # the cached K/V are the old weights' (update_weights drops them too)
+    after = engine_tokens(engine, prompts)
+    assert after == hf_greedy(policy, tok, prompts) and after != before
+
+
+def test_onednn_gemms_are_refused_where_they_cannot_run(tok, model):
+    import copy
+
+    with pytest.raises(AssayError, match="rollout.gemm: onednn"):
+        Engine(copy.deepcopy(model).to(torch.bfloat16), tok, EngineConfig(gemm="onednn"))
+
+
 def test_bad_requests_get_clear_errors(tok, policy):
     engine = Engine(policy, tok, EngineConfig(kv_cache_bytes=2 * block_bytes(policy)))
     with pytest.raises(AssayError, match="KV blocks"):

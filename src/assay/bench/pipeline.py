@@ -1,7 +1,9 @@
 """`assay bench pipeline`: RL steps per second of the synchronous pipeline beside the asynchronous
 one (and the online agent loop, and the rollout in a worker process), from the same policy and config,
 alternating in one process. Beside each variant's wall time: the share of it the rollout and the
-trainer were busy (their sum above 100% is the overlap), and the training pass rate it reached."""
+trainer were busy (their sum above 100% is the overlap), the share of the machine's CPU time that was
+busy (overlap can only fill idle cores: at a busy share b, no schedule runs more than 1/b times
+faster), and the training pass rate it reached."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class PipelineRow:
     rollout_busy: list[float] = field(default_factory=list)  # share of the wall time spent sampling
     train_busy: list[float] = field(default_factory=list)  # share spent in trainer steps
     pass_rate: list[float] = field(default_factory=list)  # training pass rate over the second half of the steps
+    cpu_busy: list[float] = field(default_factory=list)  # the machine's busy share of CPU time (every process)
 
     @property
     def median(self) -> float:
@@ -56,11 +59,13 @@ def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[st
                                       f"run_dir={tmp}", f"name=r{r}-{names.index(name)}", "train.max_refill_rounds=0",
                                       *overrides, *VARIANTS[name]])
                 pipeline = make_pipeline(cfg, Path(tmp) / cfg.name)
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), cpu_times()
                 pipeline.run()
-                wall = time.perf_counter() - t0
+                wall, cpu1 = time.perf_counter() - t0, cpu_times()
                 row, train = rows[name], [m for m in read_metrics(Path(tmp) / cfg.name) if m["kind"] == "train"]
                 row.seconds.append(wall)
+                if cpu0 and cpu1:
+                    row.cpu_busy.append(1 - (cpu1[1] - cpu0[1]) / max(1, cpu1[0] - cpu0[0]))
                 row.rollout_busy.append(sum(m["rollout_s"] for m in train) / wall)
                 row.train_busy.append(sum(m["train_s"] for m in train) / wall)
                 late = train[len(train) // 2:]
@@ -69,13 +74,24 @@ def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[st
     return list(rows.values())
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """(all, idle) CPU time of the whole machine so far, in clock ticks (Linux's /proc/stat; None elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks), ticks[3] + ticks[4]  # idle and iowait
+
+
 def table(rows: list[PipelineRow]) -> str:
     base = rows[0].median
     lines = ["| pipeline | wall s for the steps (median; all) | s / step | speed-up | rollout busy | trainer busy "
-             "| training pass rate, second half |", "|---|---|---|---|---|---|---|"]
+             "| machine CPU busy | training pass rate, second half |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         runs = ", ".join(f"{s:.1f}" for s in r.seconds)
+        busy = f"{statistics.mean(r.cpu_busy):.0%}" if r.cpu_busy else "n/a"
         lines.append(f"| {r.variant} | {r.median:.1f} ({runs}) | {r.median / r.steps:.2f} | {base / r.median:.2f}x "
-                     f"| {statistics.mean(r.rollout_busy):.0%} | {statistics.mean(r.train_busy):.0%} "
+                     f"| {statistics.mean(r.rollout_busy):.0%} | {statistics.mean(r.train_busy):.0%} | {busy} "
                      f"| {statistics.mean(r.pass_rate):.3f} |")
     return "\n".join(lines)

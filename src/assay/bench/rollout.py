@@ -33,7 +33,8 @@ from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 from assay.core.errors import AssayError
 from assay.rollout.base import GenRequest, OnlineBackend, SamplingParams
 
-BACKENDS = ("hf", "engine", "vllm-32", "vllm-128")  # vllm-B: vLLM with KV blocks of B tokens
+# engine-torch: the engine on torch.mm instead of oneDNN (rollout.gemm: torch); vllm-B: vLLM with KV blocks of B tokens
+BACKENDS = ("hf", "engine", "engine-torch", "vllm-32", "vllm-128")
 ROW_MARK = "assay-bench-row "  # prefixes the one stdout line a measuring process reports
 LABELS = {"hf": "HF generate", "engine": "assay engine", "vllm-32": "vLLM, block 32", "vllm-128": "vLLM, block 128"}
 
@@ -181,10 +182,11 @@ def _sessions_online(backend: OnlineBackend, firsts: list[list[int]], obs: list[
 def _start(backend: str, model: Qwen2ForCausalLM, s: Settings):  # -> the backend, or None for transformers
     if backend == "hf":
         return None
-    if backend == "engine":
+    if backend in ("engine", "engine-torch"):
         from assay.rollout.engine import Engine, EngineConfig
 
-        return Engine(model, None, EngineConfig(kv_cache_bytes=s.kv_cache_mb * 2**20))
+        gemm = "torch" if backend == "engine-torch" else "auto"
+        return Engine(model, None, EngineConfig(kv_cache_bytes=s.kv_cache_mb * 2**20, gemm=gemm))
     if backend.startswith("vllm-"):
         from assay.rollout.vllm import VLLMBackend
 

@@ -186,6 +186,9 @@ class RolloutConfig(_Strict):
     max_seqs: int = Field(256, gt=0)  # engine: sequences running at once
     speculative_tokens: int = Field(0, ge=0)  # engine: prompt-lookup draft length (0: off)
     speculative_max_batch: int = Field(4, gt=0)  # engine: speculate only while this few sequences run
+    # engine: the GEMMs' library; auto takes oneDNN on prepacked weights where it runs (float32 on the
+    # CPU; a packed copy of the weights beside them), torch keeps torch.mm
+    gemm: Literal["auto", "onednn", "torch"] = "auto"
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)

@@ -50,6 +50,7 @@ class EngineConfig:
     speculative_tokens: int = 0  # prompt-lookup draft length; 0: off
     speculative_max_batch: int = 4  # speculate only while at most this many sequences run
     speculative_ngram: int = 3  # longest n-gram looked up for a draft
+    gemm: str = "auto"  # auto: oneDNN on prepacked weights where it runs (float32, CPU); torch: torch.mm
 
 
 @dataclass
@@ -73,7 +74,7 @@ class Engine:
         if num_blocks < 1:
             raise AssayError(f"engine: a KV cache of {cfg.kv_cache_bytes} bytes holds no block of "
                              f"{PagedModel.bytes_per_block(model, cfg.block_size)} bytes; raise rollout.kv_cache_mb")
-        self.model = PagedModel(model, num_blocks, cfg.block_size)
+        self.model = PagedModel(model, num_blocks, cfg.block_size, cfg.gemm)
         self.runner = ModelRunner(self.model)
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.sched = Scheduler(self.blocks, cfg.max_batched_tokens, cfg.max_seqs)

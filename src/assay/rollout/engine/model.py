@@ -18,7 +18,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from assay.core.errors import AssayError
-from assay.rollout.engine import cpu_kernel
+from assay.rollout.engine import cpu_kernel, onednn
 from assay.rollout.engine.attention import AttentionGroup, paged_attention
 
 SUPPORTED = ("qwen2", "qwen3", "llama")
@@ -35,7 +35,7 @@ class Batch:
 
 
 class PagedModel:
-    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int, gemm: str = "auto") -> None:
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise AssayError(f"the engine runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}; "
@@ -58,6 +58,7 @@ class PagedModel:
         self.silu = getattr(cfg, "hidden_act", None) in ("silu", "swish")  # the fused kernels compute SiLU
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
+        self.packs = _packed_weights(gemm, param)
         rotary = inner.rotary_emb
         with torch.no_grad():
             pos = torch.arange(self.max_positions, device=self.device, dtype=torch.float32)
@@ -92,9 +93,9 @@ class PagedModel:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = _rms_norm(h, layer.input_layernorm.weight, self.eps)
-            q = _linear(x, attn.q_proj.weight, attn.q_proj.bias).view(T, self.num_heads, self.head_dim)
-            k = _linear(x, attn.k_proj.weight, attn.k_proj.bias).view(T, self.num_kv_heads, self.head_dim)
-            v = _linear(x, attn.v_proj.weight, attn.v_proj.bias).view(T, self.num_kv_heads, self.head_dim)
+            q = self._gemm(x, attn.q_proj.weight, attn.q_proj.bias).view(T, self.num_heads, self.head_dim)
+            k = self._gemm(x, attn.k_proj.weight, attn.k_proj.bias).view(T, self.num_kv_heads, self.head_dim)
+            v = self._gemm(x, attn.v_proj.weight, attn.v_proj.bias).view(T, self.num_kv_heads, self.head_dim)
             if hasattr(attn, "q_norm"):  # Qwen3: each head's queries and keys are RMS-normalized before RoPE
                 q, k = _rms_norm(q, attn.q_norm.weight, self.eps), _rms_norm(k, attn.k_norm.weight, self.eps)
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
@@ -103,14 +104,14 @@ class PagedModel:
             kc.index_copy_(0, batch.slots, k)  # written before attention reads: a sibling in the same
             vc.index_copy_(0, batch.slots, v)  # batch may attend to these very slots
             out = paged_attention(q, self.k_cache[i], self.v_cache[i], batch.groups)
-            h = h + _linear(out.view(T, -1), attn.o_proj.weight, attn.o_proj.bias)
+            h = h + self._gemm(out.view(T, -1), attn.o_proj.weight, attn.o_proj.bias)
             x = _rms_norm(h, layer.post_attention_layernorm.weight, self.eps)
             mlp = layer.mlp
-            gate = _linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            up = _linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
-            h = h + _linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+            gate = self._gemm(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            up = self._gemm(x, mlp.up_proj.weight, mlp.up_proj.bias)
+            h = h + self._gemm(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         last = _rms_norm(h[batch.logits_at], self.norm, self.eps)
-        return _linear(last, self.lm_head.weight, self.lm_head.bias).float()
+        return self._gemm(last, self.lm_head.weight, self.lm_head.bias).float()
 
     def _forward_fused(self, batch: Batch) -> Tensor:
         """`forward` in float32 on the CPU with the elementwise work in C (`cpu_kernel`): the residual
@@ -120,7 +121,7 @@ class PagedModel:
         transposed or copied; the GEMM inputs the kernels write stay token-major (MKL runs `weight @ x.T`
         on a narrow feature-major x two to four times slower at 4-8 rows)."""
         T = batch.tokens.shape[0]
-        few = T <= _FEW_ROWS
+        few = self.packs is None and T <= _FEW_ROWS  # oneDNN's kernels want no turning around
         h = F.embedding(batch.tokens, self.embed)
         if few:
             h = h.t().contiguous().t()
@@ -130,9 +131,9 @@ class PagedModel:
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             cpu_kernel.add_rms_norm(h, delta, bias, layer.input_layernorm.weight, x, self.eps)
-            q, bq = _project(x, attn.q_proj, few)
-            k, bk = _project(x, attn.k_proj, few)
-            v, bv = _project(x, attn.v_proj, few)
+            q, bq = self._project(x, attn.q_proj, few)
+            k, bk = self._project(x, attn.k_proj, few)
+            v, bv = self._project(x, attn.v_proj, few)
             if hasattr(attn, "q_norm"):
                 q = _rms_norm(_biased(q, bq).reshape(T, self.num_heads, self.head_dim), attn.q_norm.weight, self.eps)
                 k = _rms_norm(_biased(k, bk).reshape(T, self.num_kv_heads, self.head_dim), attn.k_norm.weight,
@@ -141,13 +142,39 @@ class PagedModel:
             q = cpu_kernel.qkv_rope(q, k, v, (bq, bk, bv), self.cos, self.sin, batch.positions, batch.slots,
                                     self.k_cache[i], self.v_cache[i], self.num_heads)
             out = paged_attention(q, self.k_cache[i], self.v_cache[i], batch.groups)
-            delta, bias = _project(out.view(T, -1), attn.o_proj, few)
+            delta, bias = self._project(out.view(T, -1), attn.o_proj, few)
             cpu_kernel.add_rms_norm(h, delta, bias, layer.post_attention_layernorm.weight, x, self.eps)
-            gate, bg = _project(x, mlp.gate_proj, few)
-            up, bu = _project(x, mlp.up_proj, few)
-            delta, bias = _project(cpu_kernel.silu_mul(gate, up, bg, bu), mlp.down_proj, few)
+            gate, bg = self._project(x, mlp.gate_proj, few)
+            up, bu = self._project(x, mlp.up_proj, few)
+            delta, bias = self._project(cpu_kernel.silu_mul(gate, up, bg, bu), mlp.down_proj, few)
         cpu_kernel.add_rms_norm(h, delta, bias, self.norm, x, self.eps)
-        return _linear(x[batch.logits_at], self.lm_head.weight, self.lm_head.bias).float()
+        return self._gemm(x[batch.logits_at], self.lm_head.weight, self.lm_head.bias).float()
+
+
+    def _gemm(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return _linear(x, weight, bias) if self.packs is None else self.packs.linear(x, weight, bias)
+
+    def _project(self, x: Tensor, linear: torch.nn.Linear, few: bool) -> tuple[Tensor, Tensor | None]:
+        """(x @ weight.T, the bias still to add): on oneDNN token-major with the bias added; for few rows
+        on MKL as weight @ x.T, left feature-major and without its bias (the next fused kernel adds it);
+        otherwise F.linear, token-major, bias added."""
+        if self.packs is not None:
+            return self.packs.linear(x, linear.weight, linear.bias), None
+        if few:
+            return torch.mm(linear.weight, x.t()).t(), linear.bias
+        return F.linear(x, linear.weight, linear.bias), None
+
+
+def _packed_weights(gemm: str, param: Tensor) -> onednn.PackedWeights | None:
+    """`rollout.gemm`: auto takes oneDNN wherever it runs (float32 on the CPU), torch keeps torch.mm (MKL)."""
+    usable = param.device.type == "cpu" and param.dtype == torch.float32 and onednn.available()
+    if gemm == "onednn" and not usable:
+        raise AssayError(f"rollout.gemm: onednn runs float32 models on the CPU with a torch built with oneDNN; "
+                         f"this model is {param.dtype} on {param.device.type} (oneDNN in this torch: "
+                         f"{onednn.available()}): use rollout.gemm: auto or torch")
+    if gemm not in ("auto", "onednn", "torch"):
+        raise AssayError(f"rollout.gemm must be auto, onednn or torch, got {gemm!r}")
+    return onednn.PackedWeights() if usable and gemm != "torch" else None
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -157,14 +184,6 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return F.linear(x, weight, bias)
     y = torch.mm(weight, x.t()).t().contiguous()
     return y if bias is None else y.add_(bias)
-
-
-def _project(x: Tensor, linear: torch.nn.Linear, few: bool) -> tuple[Tensor, Tensor | None]:
-    """(x @ weight.T, the bias still to add): for few rows as weight @ x.T, left feature-major and
-    without its bias (the next fused kernel adds it); otherwise F.linear, token-major, bias added."""
-    if few:
-        return torch.mm(linear.weight, x.t()).t(), linear.bias
-    return F.linear(x, linear.weight, linear.bias), None
 
 
 def _biased(x: Tensor, bias: Tensor | None) -> Tensor:
