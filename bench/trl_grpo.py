@@ -59,8 +59,13 @@ def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tupl
         if list(theirs) != prompt_ids(tok, t):
             raise SystemExit("TRL's prompt tokens differ from Assay's; the comparison would not be like for like")
 
+    reward_s = [0.0]  # TRL's time in the reward (verification), printed beside its wall-clock
+
     def reward(prompts: list, completions: list, index: list[int], **_: Any) -> list[float]:
-        return [verify(tasks[i], c[0]["content"]) for c, i in zip(completions, index, strict=True)]
+        t0 = time.perf_counter()
+        scores = [verify(tasks[i], c[0]["content"]) for c, i in zip(completions, index, strict=True)]
+        reward_s[0] += time.perf_counter() - t0
+        return scores
 
     def verify(task: Any, completion: str) -> float:  # on a warm pooled sandbox, as Assay's rollout verifies
         episode = start_episode(env, task)
@@ -93,7 +98,9 @@ def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tupl
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, callbacks=[Checkpoints()])
     trainer.train()
-    return time.perf_counter() - start - paused[0], saved
+    wall = time.perf_counter() - start - paused[0]
+    print(f"TRL: {wall:.1f} s, of which {reward_s[0]:.1f} s in the reward (verification)")
+    return wall, saved
 
 
 def run_assay(policy: Path, a: argparse.Namespace, out: Path, name: str
