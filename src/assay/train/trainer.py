@@ -106,23 +106,26 @@ class GRPOTrainer:
         # batch, computes advantages and normalizers over it, takes the gradient of its share of the
         # samples, and the summed gradients are the whole batch's; every rank then takes the same step.
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if data_parallel else (0, 1)
-        # Sharded, each rank's step updates its shard of the weights and optimizer state; the gradients'
-        # sum comes from the backward pass itself (reduce-scatter), not from an all-reduce here.
+        # Sharded (train/sharding.py), each rank's step updates its shard of the weights and optimizer
+        # state, and backward itself sums the gradients (reduce-scatter), not an all-reduce here. `full`:
+        # the whole weights on rank 0's CPU, gathered by every rank at once whenever they change, so
+        # that publishing them to the rollout or a checkpoint needs no other rank.
         self.sharded = cfg.sharding == "fsdp"
+        self.full: dict[str, Tensor] = {}
         if self.sharded:
             if not (data_parallel and dist.is_initialized()):
                 raise AssayError("train.sharding: fsdp shards over the ranks' process group, and there is none: "
                                  "the pipeline starts one (with train.ranks: 1 too); elsewhere initialize "
                                  "torch.distributed and pass data_parallel=True")
+            # the whole weights as they start, read before sharding: no other rank needs to take part yet
+            # (a rank builds its trainer before rank 0 does)
+            self.full = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if self.rank == 0 else {}
             shard(model)
             if ref_model is not None:
                 shard(ref_model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
         self.steps = 0  # optimizer steps taken
-        # Sharded: the whole weights on rank 0's CPU, gathered (by every rank at once) whenever they
-        # change, so that publishing them to the rollout or a checkpoint needs no other rank
-        self.full: dict[str, Tensor] = full_model_state(model) if self.sharded else {}
 
     @property
     def device(self) -> torch.device:
