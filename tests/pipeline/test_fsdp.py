@@ -34,6 +34,17 @@ def _record_published(pipeline) -> list[dict[str, torch.Tensor]]:
     return published
 
 
+def _fail_at_step(pipeline, step: int) -> None:
+    real = pipeline.train_step
+
+    def train_step(batch, version):
+        if version == step - 1:
+            raise RuntimeError(f"killed at step {step}")
+        return real(batch, version)
+
+    pipeline.train_step = train_step
+
+
 def _checkpoint(tmp_path, name: str, step: int) -> dict[str, torch.Tensor]:
     return load_file(tmp_path / name / "checkpoints" / f"step_{step}" / "model.safetensors")
 
@@ -63,13 +74,17 @@ def test_two_sharded_ranks_step_as_one_unsharded_process_and_publish_whole_weigh
     assert all(torch.equal(t, two.plain.state_dict()[n]) for n, t in published[-1].items())
 
 
-def test_a_sharded_run_resumes_to_the_same_steps(tiny_config, tmp_path):
+def test_a_sharded_async_run_resumes_to_the_same_steps(tiny_config, tmp_path):
     on = ["train.max_refill_rounds=0", "train.lr=1e-2", *FSDP, "train.ranks=2", "train.checkpoint_every=2",
-          "train.steps=4"]
+          "train.steps=4", "pipeline.mode=async"]  # the rollout on a thread of its own, a step ahead
     make_pipeline(load_config(tiny_config(name="straight"), on), tmp_path / "straight").run()
-    make_pipeline(load_config(tiny_config(name="half"), [*on, "train.steps=2"]), tmp_path / "half").run()
-    resumed = make_pipeline(load_config(tmp_path / "half" / "config.yaml", ["train.steps=4"]), tmp_path / "half",
-                            resume=True)
+    half = make_pipeline(load_config(tiny_config(name="half"), on), tmp_path / "half")
+    _fail_at_step(half, 3)  # after step 2's checkpoint, which holds step 3's batch sampled ahead
+    with pytest.raises(RuntimeError, match="killed at step 3"):
+        half.run()
+    assert half.ranks is None and not torch.distributed.is_initialized()
+    resumed = make_pipeline(load_config(tmp_path / "half" / "config.yaml"), tmp_path / "half", resume=True)
+    assert resumed.start_step == 2
     resumed.run()
     a, b = _checkpoint(tmp_path, "straight", 4), _checkpoint(tmp_path, "half", 4)
     assert all(torch.equal(a[k], b[k]) for k in a)  # model and Adam's moments restored on both ranks' shards
@@ -79,6 +94,19 @@ def test_a_sharded_run_resumes_to_the_same_steps(tiny_config, tmp_path):
     assert moments.keys() == opt_b["trainer"]["optimizer"]["state"].keys() and len(moments) == len(a)  # a param each
     assert all(torch.equal(v, opt_b["trainer"]["optimizer"]["state"][i][k]) for i, m in moments.items()
                for k, v in m.items())
+
+
+def test_sharded_ranks_as_ray_actors_checkpoint_and_resume_as_spawned_ranks_do(tiny_config, tmp_path):
+    pytest.importorskip("ray")
+    on = ["train.max_refill_rounds=0", "train.lr=1e-2", *FSDP, "train.ranks=2", "train.checkpoint_every=2"]
+    make_pipeline(load_config(tiny_config(name="spawned"), [*on, "train.steps=3"]), tmp_path / "spawned").run()
+    actors = [*on, "train.rank_workers=ray", "pipeline.ray.num_cpus=2"]
+    make_pipeline(load_config(tiny_config(name="actors"), [*actors, "train.steps=2"]), tmp_path / "actors").run()
+    resumed = make_pipeline(load_config(tmp_path / "actors" / "config.yaml", ["train.steps=3"]), tmp_path / "actors",
+                            resume=True)  # the actors join rank 0's load, as they joined its gather at step 2
+    resumed.run()
+    a, b = _checkpoint(tmp_path, "spawned", 3), _checkpoint(tmp_path, "actors", 3)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_sharding_over_one_rank_steps_as_the_unsharded_trainer(tiny_config, tmp_path):
