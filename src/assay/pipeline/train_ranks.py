@@ -110,8 +110,9 @@ class Rank:
         self.trainer.step(batch, version=version)
 
     def state(self, data: bytes) -> None:
-        """Bytes, so that no two ranks share the tensors of one optimizer state."""
-        self.trainer.load_state_dict(torch.load(io.BytesIO(data), map_location=self.device, weights_only=False))
+        """Bytes, so that no two ranks share the tensors of one optimizer state; read onto the CPU (loading
+        copies each tensor, or a sharded rank its shard, to the device)."""
+        self.trainer.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=False))
 
     def gather(self) -> None:
         """Join rank 0's gather of the whole trainer state (sharded: a collective); rank 0 keeps it."""

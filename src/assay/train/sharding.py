@@ -9,6 +9,7 @@ order. The full state comes back on rank 0 only (on the CPU), in the layout an u
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from torch import Tensor, nn
@@ -19,10 +20,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
+from assay.train.losses import selective_token_logprobs
+
+SELECTIVE = "selective_token_logprobs"  # the sharded model's method for train.selective_logprobs
 GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
 SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the whole state, keeps its shard
 
@@ -41,6 +45,11 @@ def shard(model: nn.Module) -> nn.Module:
             # a plain sum is also the reduction gloo has (it lacks the pre-scaled sum FSDP uses otherwise)
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+    # selective logprobs run the decoder and the output head without the root's forward, which is what
+    # gathers the root's weights (embeddings, head) and later reduces their gradients: as a method of
+    # the root registered with FSDP, it runs inside those hooks
+    setattr(model, SELECTIVE, types.MethodType(selective_token_logprobs, model))
+    register_fsdp_forward_method(model, SELECTIVE)
     return model
 
 

@@ -30,7 +30,14 @@ from assay.train.losses import (
     selective_token_logprobs,
     token_logprobs,
 )
-from assay.train.sharding import full_model_state, full_optimizer_state, full_value, load_full_state, shard
+from assay.train.sharding import (
+    SELECTIVE,
+    full_model_state,
+    full_optimizer_state,
+    full_value,
+    load_full_state,
+    shard,
+)
 
 
 @dataclass
@@ -298,6 +305,8 @@ class GRPOTrainer:
     def _logprobs(self, model: nn.Module, b: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
             if self.cfg.selective_logprobs:
+                if self.sharded:  # within FSDP's forward hooks (train/sharding.py)
+                    return getattr(model, SELECTIVE)(b["input_ids"], b["attention_mask"], b["mask"], self.temperature)
                 return selective_token_logprobs(model, b["input_ids"], b["attention_mask"], b["mask"], self.temperature)
             return token_logprobs(model, b["input_ids"], b["attention_mask"], self.temperature)
 
