@@ -139,7 +139,10 @@ class TrainConfig(_Strict):
     selective_logprobs: bool = False
     activation_checkpointing: bool = False  # recompute each layer's activations in backward: memory for time
     lora: LoraConfig = LoraConfig()
-    ranks: int = Field(1, ge=1)  # data-parallel trainer processes (torch.distributed, gloo)
+    ranks: int = Field(1, ge=1)  # data-parallel trainer processes (torch.distributed: gloo on the CPU, nccl on CUDA)
+    # none: every rank holds the whole model and optimizer (gradients all-reduced); fsdp: each rank holds
+    # a shard of them (torch's fully_shard per decoder layer and the root), with ranks: 1 a world of one
+    sharding: Literal["none", "fsdp"] = "none"
     # where ranks 1 .. ranks-1 run: processes spawned on this machine, or Ray actors on the run's
     # cluster (pipeline.ray), each asking for rank_cpus
     rank_workers: Literal["process", "ray"] = "process"
@@ -147,6 +150,19 @@ class TrainConfig(_Strict):
     bf16: bool = False
     checkpoint_every: int = Field(10, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
+
+    @model_validator(mode="after")
+    def _sharding_without_lora(self) -> TrainConfig:
+        if self.sharding == "fsdp" and self.lora.rank:
+            raise ValueError("train.sharding: fsdp with train.lora.rank > 0 is not built (the adapters are folded "
+                             "into full weights, which sharded ones are not); LoRA's trainable state is small, "
+                             "so use train.sharding: none with LoRA, or train.lora.rank: 0 to shard")
+        return self
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the trainer needs a process group: several ranks, or sharding (even over one)."""
+        return self.ranks > 1 or self.sharding == "fsdp"
 
 
 class SFTConfig(_Strict):
@@ -271,11 +287,12 @@ class Config(_Strict):
             raise ValueError(f"domain names must be unique, repeated: {sorted(dup)}")
         if self.rollout.backend == "vllm":
             in_trainer = self.pipeline.workers == "thread" or self.eval.every > 0  # in-training evaluation is here
-            if self.train.ranks > 1 and in_trainer:
+            if self.train.distributed and in_trainer:
                 raise ValueError("rollout.backend: vllm starts its own torch.distributed group in the process it runs "
-                                 "in, where train.ranks > 1 needs the trainer's; run the rollout in a process of its "
-                                 "own (pipeline.mode: async, pipeline.workers: process) without in-training "
-                                 "evaluation (eval.every: 0), or use train.ranks: 1")
+                                 "in, where train.ranks > 1 (or train.sharding: fsdp) needs the trainer's; run the "
+                                 "rollout in a process of its own (pipeline.mode: async, pipeline.workers: process) "
+                                 "without in-training evaluation (eval.every: 0), or use train.ranks: 1 with "
+                                 "train.sharding: none")
             if self.pipeline.mode == "async" and self.pipeline.workers == "thread" and self.eval.every > 0:
                 raise ValueError("rollout.backend: vllm with the rollout on a thread and eval.every > 0 would run two "
                                  "vLLM engines in one process (vLLM keeps its forward state process-wide); use "

@@ -1,11 +1,11 @@
 """Data-parallel trainer ranks as Ray actors (`train.rank_workers: ray`): ranks 1 .. N-1 are `Rank`s
 placed by Ray (each asking for `train.rank_cpus`) on the run's cluster, the same one its rollout
 actors use (`pipeline.ray`), and joined to rank 0 by a gloo process group over TCP. Each step takes
-the same path as with spawned ranks, so the two step alike (tested to the bit)."""
+the same path as with spawned ranks, so the two step alike (tested to the bit). On the CPU only: Ray
+does not know which GPU rank 0 (the driver) holds, so it could hand that one to an actor."""
 
 from __future__ import annotations
 
-import copy
 import socket
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Trajectory
 from assay.pipeline.ray_workers import RESIZE_WAIT_S, start_ray, stop_ray
-from assay.pipeline.train_ranks import GROUP_TIMEOUT, Rank, check_can_start, state_bytes
+from assay.pipeline.train_ranks import GROUP_TIMEOUT, Rank, check_can_start, cpu_copy, state_bytes
 
 
 def _rendezvous(local: bool) -> str:
@@ -38,7 +38,11 @@ class RayRanks:
             import ray
         except ImportError:
             raise AssayError("train.rank_workers: ray needs Ray: pip install -e '.[ray]'") from None
-        check_can_start(model)
+        if next(model.parameters()).is_cuda:
+            raise AssayError("train.rank_workers: ray runs the ranks on the CPU: Ray would not keep rank 0's GPU "
+                             "(the driver's) from its actors; with the model on CUDA use train.rank_workers: "
+                             "process (a GPU per rank on this machine)")
+        check_can_start(model, world)
         self.ray = ray
         self.started, self.temp = start_ray(cfg, run_dir)
         self.actors: list[Any] = []
@@ -46,8 +50,8 @@ class RayRanks:
         try:
             init = _rendezvous(local=cfg.pipeline.ray.address is None)
             remote = ray.remote(num_cpus=cfg.train.rank_cpus)(Rank)
-            model_ref, ref_ref = ray.put(copy.deepcopy(model)), ray.put(copy.deepcopy(ref))
-            self.actors = [remote.remote(rank, world, init, cfg, model_ref, ref_ref)
+            model_ref, ref_ref = ray.put(cpu_copy(model)), ray.put(cpu_copy(ref))  # each actor unpickles its own
+            self.actors = [remote.remote(rank, world, init, cfg, model_ref, ref_ref, "cpu")
                            for rank in range(1, world)]
             # placed and built, or named, before rank 0 waits in the group for them
             ready, _ = ray.wait([a.__ray_ready__.remote() for a in self.actors], num_returns=len(self.actors),
@@ -81,8 +85,17 @@ class RayRanks:
         self.pending = [a.step.remote(batch_ref, version) for a in self.actors]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Hand every actor the trainer state to load, without waiting (sharded, loading is a collective
+        that rank 0's own load, next, joins); checked with the next step."""
+        self._get(self.pending)
         data = self.ray.put(state_bytes(state))
-        self._get([a.state.remote(data) for a in self.actors])
+        self.pending = [a.state.remote(data) for a in self.actors]
+
+    def gather(self) -> None:
+        """Have every actor join the gather of the whole trainer state, without waiting: rank 0's own
+        `trainer.state_dict()`, next, is the other side of it."""
+        self._get(self.pending)
+        self.pending = [a.gather.remote() for a in self.actors]
 
     def digests(self) -> list[str]:
         self._get(self.pending)

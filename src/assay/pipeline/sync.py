@@ -54,25 +54,28 @@ class SyncPipeline:
             self.model, self.tokenizer = build_policy(cfg, self.envs)
         self.threads = apply_threads(cfg.threads, self.model)
         # the policy as a plain Hugging Face model, what rollouts run and checkpoints hold; with LoRA
-        # the trainer's model is a peft wrapper of a copy, and this one gets the adapters folded in
+        # the trainer's model is a peft wrapper of a copy, and this one gets the adapters folded in;
+        # sharded, the trainer shards a copy, and this one gets the whole weights the trainer gathers
         self.plain = self.model
         if cfg.train.lora.rank:
             self.model = with_lora(copy.deepcopy(self.plain), cfg.train.lora)
+        elif cfg.train.sharding == "fsdp":
+            self.model = copy.deepcopy(self.plain)
         # the config in effect (a resume may override), with the thread count resolved: `threads: 0`
         # measures, and a resume must not measure again (another count rounds floats differently)
         self.cfg = cfg = cfg.model_copy(update={"threads": self.threads})
         atomic_write(run_dir / "config.yaml", dump_config(cfg))
         ref = self._reference_policy() if cfg.train.loss.kl_coef > 0 else None
-        self.ranks = make_ranks(cfg, self.model, ref, run_dir) if cfg.train.ranks > 1 else None
+        self.ranks = make_ranks(cfg, self.model, ref, run_dir) if cfg.train.distributed else None
         try:  # the ranks are processes and a process group: a failure from here on must not leave them
             self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature,
                                        data_parallel=self.ranks is not None)
             self.mixer = DomainMixer(cfg.domains, cfg.mixer, self.envs, seed=cfg.seed)
             if resume:  # with LoRA trainer.pt holds the trainer's model (frozen base and adapters), for exactness
-                trainer_state = {**blob["trainer"], "model": blob["trainer"].get("model") or self.model.state_dict()}
-                self.trainer.load_state_dict(trainer_state)
-                if self.ranks:
+                trainer_state = {**blob["trainer"], "model": blob["trainer"].get("model") or self.plain.state_dict()}
+                if self.ranks:  # first: sharded, loading is a collective that rank 0's load joins
                     self.ranks.load_state_dict(trainer_state)
+                self.trainer.load_state_dict(trainer_state)
                 self.mixer.load_state_dict(state["mixer"])
                 set_rng_state(blob["rng"])
                 self.start_step = state["step"]
@@ -207,7 +210,7 @@ class SyncPipeline:
 
     def rollout_backend(self) -> Any:
         """The backend rollouts run on: here the trainer's own weights (a weight sync is a version bump;
-        with LoRA a copy of the folded weights)."""
+        with LoRA a copy of the folded weights, sharded a copy of the gathered ones)."""
         return self.make_backend(self.plain)
 
     def make_backend(self, model: Any) -> Any:
@@ -229,9 +232,15 @@ class SyncPipeline:
     def save(self, step: int) -> Path:
         return self._save(step)
 
+    def trainer_state(self) -> dict[str, Any]:
+        """The trainer's state for a checkpoint; sharded, every rank gathers it (rank 0 receives it)."""
+        if self.ranks and self.cfg.train.sharding == "fsdp":
+            self.ranks.gather()
+        return self.trainer.state_dict()
+
     def _save(self, step: int, buffer: dict[int, Any] | None = None) -> Path:
-        trainer = self.trainer.state_dict()
-        if self.plain is self.model:  # the weights go to model.safetensors once; with LoRA it holds the folded ones
+        trainer = self.trainer_state()
+        if not self.cfg.train.lora.rank:  # the weights go to model.safetensors once; with LoRA it holds the folded ones
             trainer = {k: v for k, v in trainer.items() if k != "model"}
         return save_checkpoint(self.run_dir / "checkpoints", step, self.policy_model(), self.tokenizer, trainer,
                                {"mixer": self.mixer.state_dict()}, keep=self.cfg.train.keep_checkpoints,

@@ -1,7 +1,8 @@
 """The GRPO-family trainer: advantages, micro-batched clipped-surrogate loss, one AdamW step.
 
 Gradients accumulate over micro-batches, each loss divided by the whole batch's token (or sequence)
-count, so the accumulated gradient is the whole-batch gradient whatever `micro_batch` is."""
+count, so the accumulated gradient is the whole-batch gradient whatever `micro_batch` is.
+With `train.sharding: fsdp` the model and the KL reference are sharded over the ranks (train/sharding.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ from assay.train.losses import (
     policy_loss,
     selective_token_logprobs,
     token_logprobs,
+)
+from assay.train.sharding import (
+    SELECTIVE,
+    full_model_state,
+    full_optimizer_state,
+    full_value,
+    load_full_state,
+    shard,
 )
 
 
@@ -100,13 +109,30 @@ class GRPOTrainer:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:  # transformers before 5.20 (the version vLLM's CPU build takes) has only the older name
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
-        self.steps = 0  # optimizer steps taken
         # Data parallel (torch.distributed, initialized by the caller): every rank holds the whole
         # batch, computes advantages and normalizers over it, takes the gradient of its share of the
         # samples, and the summed gradients are the whole batch's; every rank then takes the same step.
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if data_parallel else (0, 1)
+        # Sharded (train/sharding.py), each rank's step updates its shard of the weights and optimizer
+        # state, and backward itself sums the gradients (reduce-scatter), not an all-reduce here. `full`:
+        # the whole weights on rank 0's CPU, gathered by every rank at once whenever they change, so
+        # that publishing them to the rollout or a checkpoint needs no other rank.
+        self.sharded = cfg.sharding == "fsdp"
+        self.full: dict[str, Tensor] = {}
+        if self.sharded:
+            if not (data_parallel and dist.is_initialized()):
+                raise AssayError("train.sharding: fsdp shards over the ranks' process group, and there is none: "
+                                 "the pipeline starts one (with train.ranks: 1 too); elsewhere initialize "
+                                 "torch.distributed and pass data_parallel=True")
+            # the whole weights as they start, read before sharding: no other rank needs to take part yet
+            # (a rank builds its trainer before rank 0 does)
+            self.full = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if self.rank == 0 else {}
+            shard(model)
+            if ref_model is not None:
+                shard(ref_model)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
+        self.steps = 0  # optimizer steps taken
 
     @property
     def device(self) -> torch.device:
@@ -130,7 +156,15 @@ class GRPOTrainer:
         from (no ok trajectory, no generated token, every advantage 0 and no KL term) takes no step
         and reports skipped=1; so does a non-finite gradient norm, which also reports nonfinite=1.
         `version` is the policy version of the weights being trained: with it, the batch's staleness
-        (versions between the sampling weights and these) is reported, overall and per domain."""
+        (versions between the sampling weights and these) is reported, overall and per domain.
+        Sharded, every rank calls it with the same batch."""
+        before = self.steps
+        out = self._update(batch, version)
+        if self.sharded and self.steps != before:  # every rank took the same steps: all gather, or none
+            self.full = full_model_state(self.model)
+        return out
+
+    def _update(self, batch: Sequence[Trajectory], version: int | None) -> dict[str, float]:
         samples = self.prepare(batch)
         tokens = sum(sum(s.traj.loss_mask) for s in samples)
         base = {"trajectories": float(len(samples)), "infra_dropped": float(len(batch) - len(samples))}
@@ -148,7 +182,7 @@ class GRPOTrainer:
             if u == 0:  # trainer vs behaviour and per-domain figures: taken before the weights move
                 first = {k: v for k, v in m.items() if "/" in k or k == "mismatch"}
             m = {k: v for k, v in m.items() if k not in first}
-            m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip))
+            m["grad_norm"] = full_value(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip))
             if not math.isfinite(m["grad_norm"]):  # one bad step would poison the weights and Adam's moments
                 self.optimizer.zero_grad(set_to_none=True)
                 return {**base, **m, **first, "skipped": 1.0, "nonfinite": 1.0, "optimizer_steps": float(self.steps)}
@@ -179,8 +213,8 @@ class GRPOTrainer:
         sums: dict[str, float] = defaultdict(float)
         per_domain: dict[str, DomainSums] = defaultdict(DomainSums)
         mine = samples[self.rank :: self.world]
-        for c, lo in enumerate(range(0, len(mine), cfg.micro_batch)):
-            chunk = mine[lo : lo + cfg.micro_batch]
+        chunks = [mine[lo : lo + cfg.micro_batch] for lo in range(0, len(mine), cfg.micro_batch)]
+        for c, chunk in enumerate(chunks):
             b = _pad(chunk, self.device)
             mask = b["mask"]
             logp, entropy = self._logprobs(self.model, b)  # fp32 logprobs, even under bf16 autocast
@@ -214,6 +248,10 @@ class GRPOTrainer:
                    else torch.zeros_like(gap))
             for s, row in zip(chunk, torch.stack([gap, ent, kls, isw, mask.sum(-1)], -1).tolist(), strict=True):
                 per_domain[s.traj.task.domain].add(*row)
+        if self.sharded:  # rank 0 has the most samples; each rank runs as many forward/backward collectives
+            most = math.ceil(len(samples[:: self.world]) / cfg.micro_batch)
+            for _ in range(most - len(chunks)):
+                self._idle_pass(samples[:1])
         if self.world > 1:
             self._all_reduce(sums, per_domain, sorted({s.traj.task.domain for s in samples}))
         out = {"loss": sums["loss"]}
@@ -232,18 +270,32 @@ class GRPOTrainer:
                     out[f"is_weight/{domain}"] = acc.is_weight / acc.tokens
         return out, (taken if lc.decoupled else None)
 
+    def _idle_pass(self, chunk: Sequence[Sample]) -> None:
+        """A forward and backward that adds nothing to the gradient, for a rank with fewer micro-batches
+        than rank 0: a sharded model's passes are collectives that every rank must join."""
+        b = _pad(chunk, self.device)
+        logp, _ = self._logprobs(self.model, b)
+        if self.cfg.loss.kl_coef > 0:  # the reference is sharded too
+            assert self.ref_model is not None
+            with torch.no_grad():
+                self._logprobs(self.ref_model, b)
+        (logp.sum() * 0.0).backward()
+
     def _all_reduce(self, sums: dict[str, float], per_domain: dict[str, DomainSums], domains: list[str]) -> None:
-        """Sum the ranks' gradients and metric sums in place (the largest importance weight: max)."""
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad)
+        """Sum the ranks' gradients (unless sharded: backward reduce-scattered them) and metric sums in
+        place (the largest importance weight: max)."""
+        if not self.sharded:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
         keys = ["loss", "clip_frac", "approx_kl", "ratio_mean", "entropy", "kl_ref", "is_weight_mean", "is_truncated"]
         fields = list(DomainSums.__dataclass_fields__)
         flat = [sums[k] for k in keys] + [getattr(per_domain[d], f) for d in domains for f in fields]
-        total = torch.tensor(flat, dtype=torch.float64)
+        # on the model's device: nccl (CUDA) reduces only tensors there
+        total = torch.tensor(flat, dtype=torch.float64, device=self.device)
         dist.all_reduce(total)
-        biggest = torch.tensor([sums["is_weight_max"]], dtype=torch.float64)
+        biggest = torch.tensor([sums["is_weight_max"]], dtype=torch.float64, device=self.device)
         dist.all_reduce(biggest, op=dist.ReduceOp.MAX)
         values = iter(total.tolist())
         sums.update({k: next(values) for k in keys}, is_weight_max=float(biggest))
@@ -253,6 +305,8 @@ class GRPOTrainer:
     def _logprobs(self, model: nn.Module, b: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
             if self.cfg.selective_logprobs:
+                if self.sharded:  # within FSDP's forward hooks (train/sharding.py)
+                    return getattr(model, SELECTIVE)(b["input_ids"], b["attention_mask"], b["mask"], self.temperature)
                 return selective_token_logprobs(model, b["input_ids"], b["attention_mask"], b["mask"], self.temperature)
             return token_logprobs(model, b["input_ids"], b["attention_mask"], self.temperature)
 
@@ -260,7 +314,11 @@ class GRPOTrainer:
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
         """The model's tensors in Hugging Face layout (state_dict names, tied weights included), detached;
-        with LoRA, the plain model's, each adapter folded into its weight."""
+        with LoRA, the plain model's, each adapter folded into its weight. Sharded: the whole weights as
+        the last change left them, on rank 0 (other ranks have none)."""
+        if self.sharded:
+            yield from self.full.items()
+            return
         if is_lora(self.model):
             yield from merged_weights(self.model)
             return
@@ -269,10 +327,19 @@ class GRPOTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer and step count. Like torch's own, the tensors are live references: save or
-        copy the dict before the next step."""
+        copy the dict before the next step. Sharded, the whole (unsharded) state, in the same layout,
+        on rank 0: every rank calls it at once (it gathers the optimizer state)."""
+        if self.sharded:
+            return {"model": dict(self.full), "optimizer": full_optimizer_state(self.model, self.optimizer),
+                    "steps": self.steps}
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "steps": self.steps}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.model.load_state_dict(d["model"])
-        self.optimizer.load_state_dict(d["optimizer"])
+        """Sharded, every rank calls it at once with the whole state, and keeps its shard."""
+        if self.sharded:
+            load_full_state(self.model, self.optimizer, d["model"], d["optimizer"])
+            self.full = full_model_state(self.model)
+        else:
+            self.model.load_state_dict(d["model"])
+            self.optimizer.load_state_dict(d["optimizer"])
         self.steps = int(d["steps"])
