@@ -1,7 +1,8 @@
 """The Qwen2/Qwen3/Llama forward pass over a paged KV cache, on the very tensors of a Hugging Face model.
 
 No weight is copied: the engine reads the parameters of the `PreTrainedModel` it was given, so the
-trainer's optimizer steps (or `update_weights` copying into them) are what the engine runs next.
+trainer's optimizer steps (or `update_weights` copying into them) are what the engine runs next (on
+oneDNN through packed copies, remade when a parameter changes: `onednn.py`).
 Supported: RMSNorm, RoPE with every Hugging Face scaling type (the frequencies and attention
 factor come from the model's own rotary module, so linear, dynamic, yarn and llama3 match it
 exactly within max_position_embeddings), grouped-query attention, SwiGLU (the model's activation),
@@ -150,7 +151,6 @@ class PagedModel:
         cpu_kernel.add_rms_norm(h, delta, bias, self.norm, x, self.eps)
         return self._gemm(x[batch.logits_at], self.lm_head.weight, self.lm_head.bias).float()
 
-
     def _gemm(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return _linear(x, weight, bias) if self.packs is None else self.packs.linear(x, weight, bias)
 
@@ -167,13 +167,13 @@ class PagedModel:
 
 def _packed_weights(gemm: str, param: Tensor) -> onednn.PackedWeights | None:
     """`rollout.gemm`: auto takes oneDNN wherever it runs (float32 on the CPU), torch keeps torch.mm (MKL)."""
+    if gemm not in ("auto", "onednn", "torch"):
+        raise AssayError(f"rollout.gemm must be auto, onednn or torch, got {gemm!r}")
     usable = param.device.type == "cpu" and param.dtype == torch.float32 and onednn.available()
     if gemm == "onednn" and not usable:
         raise AssayError(f"rollout.gemm: onednn runs float32 models on the CPU with a torch built with oneDNN; "
                          f"this model is {param.dtype} on {param.device.type} (oneDNN in this torch: "
                          f"{onednn.available()}): use rollout.gemm: auto or torch")
-    if gemm not in ("auto", "onednn", "torch"):
-        raise AssayError(f"rollout.gemm must be auto, onednn or torch, got {gemm!r}")
     return onednn.PackedWeights() if usable and gemm != "torch" else None
 
 
