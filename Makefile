@@ -3,7 +3,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: quickstart test test-all lint clean
+.PHONY: quickstart test test-slow test-all lint clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -19,6 +19,10 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
+
+# the end-to-end tests that take minutes (local Ray clusters, node loss); CI runs them after `make test`
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -96,6 +96,7 @@ def test_a_sharded_async_run_resumes_to_the_same_steps(tiny_config, tmp_path):
                for k, v in m.items())
 
 
+@pytest.mark.slow  # minutes of Ray actors: `make test-slow` (CI runs it)
 def test_sharded_ranks_as_ray_actors_checkpoint_and_resume_as_spawned_ranks_do(tiny_config, tmp_path):
     pytest.importorskip("ray")
     on = ["train.max_refill_rounds=0", "train.lr=1e-2", *FSDP, "train.ranks=2", "train.checkpoint_every=2"]

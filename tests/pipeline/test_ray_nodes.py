@@ -19,6 +19,7 @@ from assay.pipeline.async_pipeline import make_pipeline
 
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
+pytestmark = pytest.mark.slow  # a multi-node cluster per test: `make test-slow` (CI runs it)
 
 RAY = ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.workers=ray", "train.max_refill_rounds=0",
        "train.checkpoint_every=6", "pipeline.ray.rollout_workers=2", "pipeline.ray.rollout_cpus=1",

@@ -93,6 +93,7 @@ def test_scaling_a_run_that_is_not_on_ray_is_refused(tiny_config, tmp_path):
         request_scale(tmp_path / "nowhere", 2)
 
 
+@pytest.mark.slow  # minutes of Ray actors: `make test-slow` (CI runs it)
 def test_a_hung_actor_is_killed_and_replaced_in_its_bundle(tiny_config, tmp_path):
     """Two actors in one placement group; one is SIGSTOPped (alive, no progress) after step 2, killed
     at pipeline.worker_timeout_s and replaced in the same bundle: no new group, each group once."""
@@ -118,6 +119,7 @@ def test_a_hung_actor_is_killed_and_replaced_in_its_bundle(tiny_config, tmp_path
         assert rows.groupby(["group_id", "domain"]).ngroups == 3, step
 
 
+@pytest.mark.slow  # minutes of Ray actors: `make test-slow` (CI runs it)
 def test_scaling_down_gives_an_emptied_group_back_and_scaling_up_reuses_kept_bundles(tiny_config, tmp_path,
                                                                                      monkeypatch):
     """Start at 1 (group A), scale to 3 (group B of 2 bundles), back to 2 (B keeps the stopped actor's

@@ -51,6 +51,7 @@ def test_a_run_with_two_ranks_resumes_exactly_and_each_rank_gets_its_own_optimiz
     assert all(torch.equal(a[k], b[k]) for k in a)  # shared optimizer moments would have stepped twice
 
 
+@pytest.mark.slow  # minutes of Ray actors: `make test-slow` (CI runs it)
 def test_trainer_ranks_as_ray_actors_step_as_spawned_ranks_do(tiny_config, tmp_path):
     pytest.importorskip("ray")
     on = [*RUN, "train.ranks=2"]

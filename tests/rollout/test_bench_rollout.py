@@ -2,9 +2,12 @@
 engine's own counters hold (a smoke test of the harness; speed is read from the real benchmark, never
 asserted here)."""
 
+import pytest
+
 from assay.bench.rollout import QUICK_MODEL, QUICK_WORKLOADS, Settings, run_rollout_bench, summarize, table
 
 
+@pytest.mark.slow  # a fresh process per backend and workload: `make test-slow` (CI runs it)
 def test_bench_rollout_alternates_fresh_processes_and_reports_every_workload():
     settings = Settings(model=QUICK_MODEL, kv_cache_mb=16, threads=1)
     rows = run_rollout_bench(settings, QUICK_WORKLOADS, ("hf", "engine"), rounds=2, echo=False)
