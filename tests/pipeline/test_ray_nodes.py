@@ -105,13 +105,13 @@ def test_a_lost_nodes_actor_is_replaced_on_the_node_left(tiny_config, tmp_path, 
     assert [r["rollout/placement_nodes"] for r in log if "rollout/placement_nodes" in r][-1] == 1
 
 
-def test_a_placement_the_cluster_cannot_make_is_refused_in_time(tiny_config, tmp_path, two_nodes, monkeypatch):
+def test_a_placement_the_cluster_cannot_make_is_refused_in_time(tiny_config, tmp_path, two_nodes):
     """strict_spread asks for a node per actor: three actors on two nodes cannot start, and say why
-    within the wait instead of waiting on."""
-    monkeypatch.setattr(ray_workers, "RESIZE_WAIT_S", 3.0)
+    within the wait (`pipeline.ray.placement_wait_s`) instead of waiting on."""
     cluster, _ = two_nodes(head_cpus=1)
     cfg = load_config(tiny_config(name="strict"), [*RAY, "pipeline.ray.rollout_workers=3", "pipeline.ray.placement"
-                                                   "=strict_spread", f"pipeline.ray.address={cluster.address}"])
+                                                   "=strict_spread", f"pipeline.ray.address={cluster.address}",
+                                                   "pipeline.ray.placement_wait_s=3"])
     with pytest.raises(AssayError, match=r"cannot place a placement group of 3 bundles .*STRICT_SPREAD.* within 3 s"):
         make_pipeline(cfg, tmp_path / "strict")
     assert not ray.is_initialized()

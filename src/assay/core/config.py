@@ -221,6 +221,9 @@ class RayConfig(_Strict):
     # how a placement group lays out its bundles over the nodes (Ray's strategies): pack onto as few
     # nodes as fit, spread over as many, strict_pack on one node, strict_spread on distinct nodes
     placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
+    # how long a placement group or an added or replaced actor may wait to be placed before it is refused
+    # (none: 120 s); on a cluster with Ray's autoscaler, long enough for new nodes to start
+    placement_wait_s: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _bundle_holds_something(self) -> RayConfig:

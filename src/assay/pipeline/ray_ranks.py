@@ -15,7 +15,7 @@ import torch.distributed as dist
 from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Trajectory
-from assay.pipeline.ray_workers import RESIZE_WAIT_S, start_ray, stop_ray
+from assay.pipeline.ray_workers import placement_wait, start_ray, stop_ray
 from assay.pipeline.train_ranks import GROUP_TIMEOUT, Rank, check_can_start, cpu_copy, state_bytes
 
 
@@ -55,10 +55,10 @@ class RayRanks:
                            for rank in range(1, world)]
             # placed and built, or named, before rank 0 waits in the group for them
             ready, _ = ray.wait([a.__ray_ready__.remote() for a in self.actors], num_returns=len(self.actors),
-                                timeout=RESIZE_WAIT_S)
+                                timeout=placement_wait(cfg))
             if len(ready) < len(self.actors):
                 raise AssayError(f"the Ray cluster could not place {len(self.actors) - len(ready)} trainer rank(s) "
-                                 f"of {cfg.train.rank_cpus} CPU each within {RESIZE_WAIT_S:.0f} s; lower "
+                                 f"of {cfg.train.rank_cpus} CPU each within {placement_wait(cfg):.0f} s; lower "
                                  "train.ranks or train.rank_cpus, or add nodes")
             self._get(ready)
             joins = [a.join.remote() for a in self.actors]

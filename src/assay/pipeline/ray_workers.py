@@ -40,6 +40,12 @@ MAX_TEMP_DIR = 40
 SCALE_FILE = "rollout_workers"  # in the run directory: the number of rollout actors wanted now
 RESIZE_WAIT_S = 120.0  # a placement group, or an actor added or replaced mid-run, not placed by then is refused
 
+
+def placement_wait(cfg: Config) -> float:
+    """`pipeline.ray.placement_wait_s`, else RESIZE_WAIT_S: on an autoscaling cluster a placement group
+    Ray cannot place yet is the autoscaler's demand for nodes, so the wait must cover their start-up."""
+    return cfg.pipeline.ray.placement_wait_s or RESIZE_WAIT_S
+
 log = logging.getLogger(__name__)
 
 
@@ -141,6 +147,7 @@ class RayRollout:
         (run_dir / SCALE_FILE).unlink(missing_ok=True)  # a width asked of an earlier attempt is not this one's
         self.started, self.temp = start_ray(cfg, run_dir)
         self.ray, self.cfg, self.run_dir = ray, cfg, run_dir
+        self.wait_s = placement_wait(cfg)
         self.actors: list[Any] = []
         self.slots: list[tuple[Any, int]] = []  # each actor's bundle: (placement group, index)
         self.vacant: list[tuple[Any, int]] = []  # bundles reserved in a group that holds no actor now
@@ -168,18 +175,18 @@ class RayRollout:
 
     def _reserve(self, n: int) -> list[tuple[Any, int]]:
         """Bundles for `n` new actors: those reserved and vacant first, then a new placement group of the
-        rest (one bundle per actor, `pipeline.ray.placement`), placed within RESIZE_WAIT_S or refused."""
+        rest (one bundle per actor, `pipeline.ray.placement`), placed within the placement wait or refused."""
         from ray.util.placement_group import placement_group, remove_placement_group
 
         taken, self.vacant = self.vacant[:n], self.vacant[n:]
         if len(taken) == n:
             return taken
         group = placement_group([dict(self.bundle) for _ in range(n - len(taken))], strategy=self.strategy)
-        if not group.wait(RESIZE_WAIT_S):
+        if not group.wait(self.wait_s):
             remove_placement_group(group)
             self.vacant = taken + self.vacant
             raise _Unplaced(f"the cluster cannot place a placement group of {n - len(taken)} bundles of "
-                            f"{self.bundle} ({self.strategy}) within {RESIZE_WAIT_S:.0f} s: free resources, or ask "
+                            f"{self.bundle} ({self.strategy}) within {self.wait_s:.0f} s: free resources, or ask "
                             "for fewer (pipeline.ray.rollout_workers, rollout_cpus, rollout_gpus) or a looser "
                             "pipeline.ray.placement")
         self.groups.append(group)
@@ -273,7 +280,7 @@ class RayRollout:
             slots = self._reserve(n - len(self.actors))
             added = [self._new_actor(slot) for slot in slots]
             try:
-                self._started(added, timeout_s=RESIZE_WAIT_S)
+                self._started(added, timeout_s=self.wait_s)
             except AssayError:
                 for actor in added:
                     self.ray.kill(actor, no_restart=True)
@@ -358,7 +365,7 @@ class RayRollout:
 
     def _replace(self, dead: Any) -> Any:
         """A new actor in the dead one's bundle, or None when the cluster cannot place it within
-        RESIZE_WAIT_S (its node lost, no room on another): the run then goes on with one actor fewer."""
+        the placement wait (its node lost, no room on another): the run then goes on with one actor fewer."""
         i = next(j for j, a in enumerate(self.actors) if a is dead)
         if self.closed:
             raise AssayError("the rollout workers were closed while a rollout waited for them")
@@ -368,18 +375,18 @@ class RayRollout:
         self.restarts -= 1
         self.totals["worker_restarts"] += 1
         self.ray.kill(dead, no_restart=True)  # one merely unreachable must not linger
-        if not self._start_in(i, time.monotonic() + RESIZE_WAIT_S):
+        if not self._start_in(i, time.monotonic() + self.wait_s):
             lost = self.slots[i]
             del self.actors[i], self.slots[i]
             if not self.actors:
                 raise AssayError(f"rollout worker {i} (a Ray actor) died and the cluster cannot place a replacement "
-                                 f"within {RESIZE_WAIT_S:.0f} s (its node lost?), and no other worker is left; "
+                                 f"within {self.wait_s:.0f} s (its node lost?), and no other worker is left; "
                                  "`assay train --resume runs/NAME` continues from the last checkpoint")
             self._release([lost])  # its bundle waits for a node; a scale-up reuses it
             self.totals["workers_lost"] += 1
             self.totals["resized_to"] = len(self.actors)
             log.warning("rollout worker %d died and the cluster cannot place a replacement within %.0f s; the run "
-                        "goes on with %d", i, RESIZE_WAIT_S, len(self.actors))
+                        "goes on with %d", i, self.wait_s, len(self.actors))
             self._placed()
             return None
         self._placed()
