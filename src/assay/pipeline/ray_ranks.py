@@ -54,11 +54,12 @@ class RayRanks:
             self.actors = [remote.remote(rank, world, init, cfg, model_ref, ref_ref, "cpu")
                            for rank in range(1, world)]
             # placed and built, or named, before rank 0 waits in the group for them
+            wait = placement_wait(cfg)
             ready, _ = ray.wait([a.__ray_ready__.remote() for a in self.actors], num_returns=len(self.actors),
-                                timeout=placement_wait(cfg))
+                                timeout=wait)
             if len(ready) < len(self.actors):
                 raise AssayError(f"the Ray cluster could not place {len(self.actors) - len(ready)} trainer rank(s) "
-                                 f"of {cfg.train.rank_cpus} CPU each within {placement_wait(cfg):.0f} s; lower "
+                                 f"of {cfg.train.rank_cpus} CPU each within {wait:.0f} s; lower "
                                  "train.ranks or train.rank_cpus, or add nodes")
             self._get(ready)
             joins = [a.join.remote() for a in self.actors]

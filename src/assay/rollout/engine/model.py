@@ -155,14 +155,12 @@ class PagedModel:
         return _linear(x, weight, bias) if self.packs is None else self.packs.linear(x, weight, bias)
 
     def _project(self, x: Tensor, linear: torch.nn.Linear, few: bool) -> tuple[Tensor, Tensor | None]:
-        """(x @ weight.T, the bias still to add): on oneDNN token-major with the bias added; for few rows
-        on MKL as weight @ x.T, left feature-major and without its bias (the next fused kernel adds it);
-        otherwise F.linear, token-major, bias added."""
-        if self.packs is not None:
-            return self.packs.linear(x, linear.weight, linear.bias), None
+        """(x @ weight.T, the bias still to add): for few rows (on MKL only) as weight @ x.T, left
+        feature-major and without its bias (the next fused kernel adds it); otherwise `_gemm`,
+        token-major, bias added."""
         if few:
             return torch.mm(linear.weight, x.t()).t(), linear.bias
-        return F.linear(x, linear.weight, linear.bias), None
+        return self._gemm(x, linear.weight, linear.bias), None
 
 
 def _packed_weights(gemm: str, param: Tensor) -> onednn.PackedWeights | None:

@@ -49,6 +49,3 @@ class PackedWeights:
         if entry is None or entry[0] != stamp:
             entry = self._packs[id(weight)] = (stamp, _pack(weight))
         return _linear(x.contiguous(), entry[1], bias)
-
-    def clear(self) -> None:
-        self._packs.clear()
