@@ -71,9 +71,12 @@ def test_mismatched_shapes_and_dtypes_are_clear_errors():
 TOL = dict(atol=1e-5, rtol=1e-5)  # float32: the C loops sum in another order (and may fuse multiply-adds)
 
 
-def activation(T, n, feature_major, g):
-    """A logical [T, n] activation, token-major or the transpose of a contiguous [n, T]."""
-    return torch.randn(n, T, generator=g).t() if feature_major else torch.randn(T, n, generator=g)
+def activation(T, n, layout, g):
+    """A logical [T, n] activation: token-major, the transpose of a contiguous [n, T] (feature_major
+    True), or "sliced": columns of a wider token-major tensor (one GEMM over several weights)."""
+    if layout == "sliced":
+        return torch.randn(T, n + 11, generator=g)[:, 3:3 + n]
+    return torch.randn(n, T, generator=g).t() if layout else torch.randn(T, n, generator=g)
 
 
 @pytest.mark.parametrize("feature_major", [False, True])
@@ -97,7 +100,7 @@ def test_add_rms_norm_matches_the_residual_add_and_rms_norm(feature_major, T, wi
     torch.testing.assert_close(again, want, **TOL)
 
 
-@pytest.mark.parametrize("feature_major", [False, True])
+@pytest.mark.parametrize("feature_major", [False, True, "sliced"])
 @pytest.mark.parametrize("biases", [False, True])
 def test_silu_mul_matches_silu_times_up(feature_major, biases):
     g = torch.Generator().manual_seed(1)
@@ -115,7 +118,7 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-@pytest.mark.parametrize("feature_major", [False, True])
+@pytest.mark.parametrize("feature_major", [False, True, "sliced"])
 @pytest.mark.parametrize("biases", [False, True])
 def test_qkv_rope_matches_rope_and_the_cache_write(feature_major, biases):
     g = torch.Generator().manual_seed(2)

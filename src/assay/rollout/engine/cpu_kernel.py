@@ -37,7 +37,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "paged_attention_f32": ([_P] * 7 + [_I] * 7 + [_F, _INT], _INT),
     "paged_attention_shared_f32": ([_P] * 8 + [_I] * 9 + [_F, _INT], _INT),
     "add_rms_norm_f32": ([_P] * 5 + [_I] * 6 + [_F, _INT], None),
-    "silu_mul_f32": ([_P] * 5 + [_I] * 4 + [_INT, _INT], None),
+    "silu_mul_f32": ([_P] * 5 + [_I] * 5 + [_INT, _INT], None),
     "qkv_rope_f32": ([_P, _I, _I] * 3 + [_P] * 10 + [_I] * 6 + [_INT], _INT),
 }
 
@@ -124,8 +124,13 @@ def _check_layout(name: str, *ts: Tensor | None) -> None:
         if t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 2:
             raise ValueError(f"{name}: float32 CPU activations [tokens, features] expected, got {t.dtype} "
                              f"{tuple(t.shape)} on {t.device}")
-        if not (t.is_contiguous() or t.t().is_contiguous()):
-            raise ValueError(f"{name}: an activation must be token-major or feature-major, not strided otherwise")
+        if not (_token_major(t) or t.t().is_contiguous()):
+            raise ValueError(f"{name}: an activation must be token-major (rows may be strided: a column slice "
+                             "of a wider GEMM output) or feature-major, not strided otherwise")
+
+
+def _token_major(t: Tensor) -> bool:
+    return t.stride(1) == 1 and t.stride(0) >= t.shape[1] or t.is_contiguous()
 
 
 def _same_layout(a: Tensor, b: Tensor) -> bool:
@@ -160,10 +165,12 @@ def silu_mul(gate: Tensor, up: Tensor, bias_gate: Tensor | None, bias_up: Tensor
         raise ValueError("silu_mul: gate and up must have one shape and one layout")
     _check_vector("silu_mul", n, bias_gate, bias_up)
     act = torch.empty((T, n), dtype=gate.dtype)
-    # gate and up as contiguous [rows, cols]; act's strides in those terms
-    rows, cols, row_stride, col_stride, axis = (T, n, n, 1, 1) if gate.is_contiguous() else (n, T, 1, n, 0)
+    # gate and up as [rows, cols] with contiguous rows `gate_rs` apart; act's strides in those terms
+    token_major = _token_major(gate)
+    rows, cols, row_stride, col_stride, axis = (T, n, n, 1, 1) if token_major else (n, T, 1, n, 0)
+    gate_rs = gate.stride(0) if token_major else gate.stride(1)
     _library().silu_mul_f32(gate.data_ptr(), up.data_ptr(), _ptr(bias_gate), _ptr(bias_up), act.data_ptr(), rows,
-                            cols, row_stride, col_stride, axis, torch.get_num_threads())
+                            cols, gate_rs, row_stride, col_stride, axis, torch.get_num_threads())
     return act
 
 

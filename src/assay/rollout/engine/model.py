@@ -132,9 +132,7 @@ class PagedModel:
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             cpu_kernel.add_rms_norm(h, delta, bias, layer.input_layernorm.weight, x, self.eps)
-            q, bq = self._project(x, attn.q_proj, few)
-            k, bk = self._project(x, attn.k_proj, few)
-            v, bv = self._project(x, attn.v_proj, few)
+            (q, bq), (k, bk), (v, bv) = self._projections(x, (attn.q_proj, attn.k_proj, attn.v_proj), few)
             if hasattr(attn, "q_norm"):
                 q = _rms_norm(_biased(q, bq).reshape(T, self.num_heads, self.head_dim), attn.q_norm.weight, self.eps)
                 k = _rms_norm(_biased(k, bk).reshape(T, self.num_kv_heads, self.head_dim), attn.k_norm.weight,
@@ -145,14 +143,22 @@ class PagedModel:
             out = paged_attention(q, self.k_cache[i], self.v_cache[i], batch.groups)
             delta, bias = self._project(out.view(T, -1), attn.o_proj, few)
             cpu_kernel.add_rms_norm(h, delta, bias, layer.post_attention_layernorm.weight, x, self.eps)
-            gate, bg = self._project(x, mlp.gate_proj, few)
-            up, bu = self._project(x, mlp.up_proj, few)
+            (gate, bg), (up, bu) = self._projections(x, (mlp.gate_proj, mlp.up_proj), few)
             delta, bias = self._project(cpu_kernel.silu_mul(gate, up, bg, bu), mlp.down_proj, few)
         cpu_kernel.add_rms_norm(h, delta, bias, self.norm, x, self.eps)
         return self._gemm(x[batch.logits_at], self.lm_head.weight, self.lm_head.bias).float()
 
     def _gemm(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return _linear(x, weight, bias) if self.packs is None else self.packs.linear(x, weight, bias)
+
+    def _projections(self, x: Tensor, linears: tuple[torch.nn.Linear, ...],
+                     few: bool) -> list[tuple[Tensor, Tensor | None]]:
+        """`_project` of each of several projections of x; on oneDNN one GEMM over their weights side by
+        side, each output a column slice of its result (token-major, rows strided), biases added."""
+        if self.packs is None:
+            return [self._project(x, linear, few) for linear in linears]
+        y = self.packs.linear_cat(x, tuple(m.weight for m in linears), tuple(m.bias for m in linears))
+        return [(part, None) for part in y.split([m.weight.shape[0] for m in linears], dim=1)]
 
     def _project(self, x: Tensor, linear: torch.nn.Linear, few: bool) -> tuple[Tensor, Tensor | None]:
         """(x @ weight.T, the bias still to add): for few rows (on MKL only) as weight @ x.T, left

@@ -38,14 +38,34 @@ def _linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
 
 
 class PackedWeights:
-    """x @ weight.T + bias on a packed copy of each weight, kept current with the weight."""
+    """x @ weight.T + bias on a packed copy of each weight, kept current with the weight. `linear_cat`
+    runs several projections of one input (q, k and v; gate and up) as one GEMM on their weights packed
+    side by side: at a decode step's few rows a GEMM is bound by reading its weight, and one wide GEMM
+    streams it faster than three narrow ones (docs/experiments.md R5)."""
 
     def __init__(self) -> None:
-        self._packs: dict[int, tuple[tuple[int, int], Tensor]] = {}  # id(weight) -> ((version, address), packed)
+        # key (ids of the weights and biases) -> (their (version, address) stamps, packed weight, joined bias)
+        self._packs: dict[tuple[int, ...], tuple[tuple, Tensor, Tensor | None]] = {}
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        stamp = (weight._version, weight.data_ptr())
-        entry = self._packs.get(id(weight))
+        return self.linear_cat(x, (weight,), (bias,))
+
+    def linear_cat(self, x: Tensor, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> Tensor:
+        """x @ cat(weights).T + cat(biases): [T, sum of the weights' rows]; a missing bias counts as zeros."""
+        tensors = weights + tuple(b for b in biases if b is not None)
+        key = tuple(id(t) for t in tensors)
+        stamp = tuple((t._version, t.data_ptr()) for t in tensors)
+        entry = self._packs.get(key)
         if entry is None or entry[0] != stamp:
-            entry = self._packs[id(weight)] = (stamp, _pack(weight))
-        return _linear(x.contiguous(), entry[1], bias)
+            entry = self._packs[key] = (stamp, _pack(_join(weights)), _joined_bias(weights, biases))
+        return _linear(x.contiguous(), entry[1], entry[2])
+
+
+def _join(weights: tuple[Tensor, ...]) -> Tensor:
+    return weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])
+
+
+def _joined_bias(weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> Tensor | None:
+    if all(b is None for b in biases):
+        return None
+    return _join(tuple(b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases, strict=True)))

@@ -364,15 +364,16 @@ void add_rms_norm_f32(float *h, const float *delta, const float *bias, const flo
     }
 }
 
-/* act = silu(gate + bg) * (up + bu), elementwise over contiguous [R, Cn] gate and up; act[r, c] is at
+/* act = silu(gate + bg) * (up + bu), elementwise over [R, Cn] gate and up, whose rows are contiguous and
+ * grs apart (Cn, or more where gate and up are halves of one GEMM's output); act[r, c] is at
  * act[r * ars + c * acs] (the caller asks for token-major). A bias is indexed by the row (bias_axis 0:
  * feature-major) or the column (1: token-major); either may be NULL. */
 void silu_mul_f32(const float *gate, const float *up, const float *bg, const float *bu, float *act, int64_t R,
-                  int64_t Cn, int64_t ars, int64_t acs, int bias_axis, int threads)
+                  int64_t Cn, int64_t grs, int64_t ars, int64_t acs, int bias_axis, int threads)
 {
 #pragma omp parallel for schedule(static) num_threads(threads) if (R * Cn > PARALLEL_MIN)
     for (int64_t r = 0; r < R; r++) {
-        const float *g = gate + r * Cn, *u = up + r * Cn;
+        const float *g = gate + r * grs, *u = up + r * grs;
         float *a = act + r * ars;
         if (bg == NULL && bu == NULL) {
 #pragma omp simd
