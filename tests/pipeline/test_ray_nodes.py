@@ -5,6 +5,7 @@ the remaining node when it has room for a replacement, and with one actor fewer 
 
 import faulthandler
 import json
+import os
 import shutil
 import tempfile
 
@@ -36,6 +37,10 @@ def two_nodes(monkeypatch):
 
     def start(head_cpus: int):
         temp = tempfile.mkdtemp(prefix="assay-ray-")  # short: Ray's Unix socket paths are capped
+        # Cluster writes the head's address under Ray's default temp dir (/tmp/ray, absent on a fresh
+        # machine): keep it in this test's own
+        monkeypatch.setenv("RAY_TMPDIR", temp)
+        os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
         cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={
             "num_cpus": head_cpus, "include_dashboard": False, "temp_dir": temp,
             # a lost node is declared dead after ~2 s instead of Ray's ~15 s of missed health checks
