@@ -72,8 +72,9 @@ TOL = dict(atol=1e-5, rtol=1e-5)  # float32: the C loops sum in another order (a
 
 
 def activation(T, n, layout, g):
-    """A logical [T, n] activation: token-major, the transpose of a contiguous [n, T] (feature_major
-    True), or "sliced": columns of a wider token-major tensor (one GEMM over several weights)."""
+    """A logical [T, n] activation: token-major (layout False), the transpose of a contiguous [n, T]
+    (True: feature-major), or "sliced": columns of a wider token-major tensor (one GEMM over several
+    weights)."""
     if layout == "sliced":
         return torch.randn(T, n + 11, generator=g)[:, 3:3 + n]
     return torch.randn(n, T, generator=g).t() if layout else torch.randn(T, n, generator=g)
@@ -100,12 +101,12 @@ def test_add_rms_norm_matches_the_residual_add_and_rms_norm(feature_major, T, wi
     torch.testing.assert_close(again, want, **TOL)
 
 
-@pytest.mark.parametrize("feature_major", [False, True, "sliced"])
+@pytest.mark.parametrize("layout", [False, True, "sliced"])
 @pytest.mark.parametrize("biases", [False, True])
-def test_silu_mul_matches_silu_times_up(feature_major, biases):
+def test_silu_mul_matches_silu_times_up(layout, biases):
     g = torch.Generator().manual_seed(1)
     T, n = 7, 29
-    gate, up = activation(T, n, feature_major, g), activation(T, n, feature_major, g)
+    gate, up = activation(T, n, layout, g), activation(T, n, layout, g)
     bg, bu = (torch.randn(n, generator=g), torch.randn(n, generator=g)) if biases else (None, None)
     want = torch.nn.functional.silu(gate + bg if biases else gate) * (up + bu if biases else up)
     got = cpu_kernel.silu_mul(gate, up, bg, bu)
@@ -118,12 +119,12 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-@pytest.mark.parametrize("feature_major", [False, True, "sliced"])
+@pytest.mark.parametrize("layout", [False, True, "sliced"])
 @pytest.mark.parametrize("biases", [False, True])
-def test_qkv_rope_matches_rope_and_the_cache_write(feature_major, biases):
+def test_qkv_rope_matches_rope_and_the_cache_write(layout, biases):
     g = torch.Generator().manual_seed(2)
     T, H, Hkv, D, blocks, bs = 9, 6, 2, 10, 7, 3  # head size 10: neither 64 nor a multiple of 8
-    q, k, v = (activation(T, heads * D, feature_major, g) for heads in (H, Hkv, Hkv))
+    q, k, v = (activation(T, heads * D, layout, g) for heads in (H, Hkv, Hkv))
     bq, bk, bv = ((torch.randn(heads * D, generator=g) for heads in (H, Hkv, Hkv)) if biases else (None,) * 3)
     angles = torch.rand(50, D // 2, generator=g) * 6
     cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()

@@ -130,7 +130,7 @@ def _check_layout(name: str, *ts: Tensor | None) -> None:
 
 
 def _token_major(t: Tensor) -> bool:
-    return t.stride(1) == 1 and t.stride(0) >= t.shape[1] or t.is_contiguous()
+    return t.is_contiguous() or (t.stride(1) == 1 and t.stride(0) >= t.shape[1])
 
 
 def _same_layout(a: Tensor, b: Tensor) -> bool:
