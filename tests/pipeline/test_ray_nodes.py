@@ -6,6 +6,7 @@ the remaining node when it has room for a replacement, and with one actor fewer 
 import faulthandler
 import json
 import os
+import secrets
 import shutil
 import tempfile
 
@@ -31,7 +32,9 @@ GROUP_SIZE = {"arith": 2, "agent": 2, "no_e": 4}  # the tiny config's domains
 @pytest.fixture
 def two_nodes(monkeypatch):
     """A head node with `head_cpus` CPUs and a second node with one; torn down after the test."""
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # the nodes listen on every interface: see require_token_auth
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    ray_workers.require_token_auth()  # this process's Ray reads the token anew (an earlier run's is cached)
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     made: list = []
 

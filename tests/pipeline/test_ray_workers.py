@@ -165,3 +165,36 @@ def test_scaling_down_gives_an_emptied_group_back_and_scaling_up_reuses_kept_bun
     finally:
         pipeline.close_backend()
     assert not ray.is_initialized()
+
+
+def test_the_runs_own_cluster_refuses_calls_without_its_token(tiny_config, tmp_path, monkeypatch):
+    """Ray's servers listen on every interface, so the cluster a run starts keeps Ray's token
+    authentication on: its GCS and raylet, called on the loopback without the run's token (or with a
+    wrong one), answer UNAUTHENTICATED; with the token, they answer."""
+    grpc = pytest.importorskip("grpc")
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc, node_manager_pb2, node_manager_pb2_grpc
+
+    from assay.pipeline.ray_workers import start_ray, stop_ray
+
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = load_config(tiny_config(name="auth"), RAY)
+    started, temp = start_ray(cfg, tmp_path / "auth")
+    try:
+        token = os.environ["RAY_AUTH_TOKEN"]
+        gcs_port = int(ray.get_runtime_context().gcs_address.rsplit(":", 1)[1])
+        raylet_port = ray.nodes()[0]["NodeManagerPort"]
+        calls = {
+            "gcs": lambda ch, md: gcs_service_pb2_grpc.NodeInfoGcsServiceStub(ch).GetAllNodeInfo(
+                gcs_service_pb2.GetAllNodeInfoRequest(), metadata=md, timeout=10),
+            "raylet": lambda ch, md: node_manager_pb2_grpc.NodeManagerServiceStub(ch).GetSystemConfig(
+                node_manager_pb2.GetSystemConfigRequest(), metadata=md, timeout=10)}
+        for server, port in (("gcs", gcs_port), ("raylet", raylet_port)):
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                for metadata in ((), (("authorization", "Bearer " + "0" * 64),)):
+                    with pytest.raises(grpc.RpcError) as refused:
+                        calls[server](channel, metadata)
+                    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, (server, refused.value)
+                assert calls[server](channel, (("authorization", "Bearer " + token),)) is not None
+    finally:
+        stop_ray(started, temp)

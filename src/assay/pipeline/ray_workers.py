@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -102,6 +103,21 @@ class _RolloutActor:
         return trajs, take() if callable(take) else {}
 
 
+def require_token_auth() -> None:
+    """Ray's gRPC servers (GCS, raylet, every worker) listen on all interfaces whatever the node IP, so a
+    local cluster is reachable from the network, and whoever reaches it can run code as this user: keep
+    Ray's token authentication on, with a fresh 256-bit token for this process (in its environment,
+    which Ray's processes inherit; nothing written to ~/.ray) unless the user configured one."""
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    if os.environ["RAY_AUTH_MODE"].lower() == "token" and not (
+            os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")  # Ray reads both once per process, as its own default-on path refreshes them
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 def start_ray(cfg: Config, run_dir: Path) -> tuple[bool, Path | None]:
     """Join `pipeline.ray.address`, or start a local cluster whose files live under the run directory
     (or, when that path is too long for Ray's sockets, a temporary directory), with no dashboard.
@@ -112,11 +128,11 @@ def start_ray(cfg: Config, run_dir: Path) -> tuple[bool, Path | None]:
     if ray.is_initialized():
         return False, None
     r = cfg.pipeline.ray
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local cluster for one run, on this machine only
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # Ray would otherwise report usage over the network
-    if r.address:
+    if r.address:  # the cluster's own authentication applies (RAY_AUTH_MODE, its token)
         ray.init(address=r.address, log_to_driver=False, configure_logging=False)
         return True, None
+    require_token_auth()
     temp, made = run_dir.resolve() / "ray", None
     if len(str(temp)) > MAX_TEMP_DIR:
         temp = made = Path(tempfile.mkdtemp(prefix="assay-ray-"))
