@@ -223,3 +223,28 @@ def test_a_worker_whose_environments_cannot_reach_a_new_process_is_refused_with_
     pipeline = make_pipeline(load_config(tiny_config(name="ok"), []), tmp_path / "ok")
     with pytest.raises(AssayError, match="could not start.*importable module.*__main__.*or set pipeline.workers: thread"):
         RolloutWorker(cfg, pipeline.model, pipeline.tokenizer, {"local": LocalEnv()})
+
+
+def test_verifier_processes_change_no_verdict(tiny_config, tmp_path, monkeypatch):
+    """The tiny config's tool-less domains (arith, no_e) verify in two processes of their own and its
+    toolcalc domain on the rollout's threads: the run is the one that verifies every episode in the
+    rollout, and the processes are gone when it ends."""
+    from assay.agent import verifiers
+
+    pools, domains = [], []
+    real = verifiers.VerifierProcesses
+
+    def kept(*args, **kwargs):
+        pool = real(*args, **kwargs)
+        inner = pool.verify
+        pool.verify = lambda task, *a, **k: (domains.append(task.domain), inner(task, *a, **k))[1]
+        pools.append(pool)
+        return pool
+
+    monkeypatch.setattr(verifiers, "VerifierProcesses", kept)
+    _, log, w = _run(tiny_config, tmp_path, "here")
+    _, vlog, vw = _run(tiny_config, tmp_path, "procs", "rollout.verifier_processes=2")
+    assert _same(w, vw) and [_untimed(r) for r in log] == [_untimed(r) for r in vlog]
+    assert len(pools) == 1 and pools[0].n == 2 and pools[0].closed and pools[0].replaced == 0
+    assert set(domains) == {"arith", "no_e"}  # toolcalc's verdict reads its episode: verified in the rollout
+    assert not any(v.process.is_alive() for v in pools[0].all)

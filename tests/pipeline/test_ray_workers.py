@@ -2,7 +2,8 @@
 the worker process samples; a run scaled to two actors mid-run splits each step and keeps every group
 once; an actor killed with SIGKILL, or hung past pipeline.worker_timeout_s, mid-run is replaced in its
 placement-group bundle and its part issued again; scaling down and up keeps and reuses bundles and
-removes a group once it is empty."""
+removes a group once it is empty; a verifier actor killed mid-run is restarted and changes nothing;
+the cluster refuses calls without the run's token."""
 
 import json
 import os
@@ -198,3 +199,33 @@ def test_the_runs_own_cluster_refuses_calls_without_its_token(tiny_config, tmp_p
                 assert calls[server](channel, (("authorization", "Bearer " + token),)) is not None
     finally:
         stop_ray(started, temp)
+
+
+def test_verifier_actors_change_no_verdict_and_one_killed_is_restarted(tiny_config, tmp_path):
+    """A verifier actor of its own takes the tool-less domains' verifications from the rollout actor; it is
+    SIGKILLed after step 2, Ray starts it again, and the run trains what the run verifying in the
+    rollout actor trains, to the bit."""
+    seen = {}
+
+    def kill_the_verifier(pipeline):
+        real = pipeline.trainer.step
+
+        def step(batch, version):
+            out = real(batch, version=version)
+            actor = pipeline.backend.verifiers.actors[0]
+            if version == 2:
+                seen["before"] = ray.get(actor.served.remote())
+                seen["pid"] = ray.get(actor.pid.remote())
+                os.kill(seen["pid"], signal.SIGKILL)
+            if version == 5:
+                seen["after"] = ray.get(actor.served.remote())
+                seen["new_pid"] = ray.get(actor.pid.remote())
+            return out
+
+        pipeline.trainer.step = step
+
+    base_log, base_w = _run(tiny_config, tmp_path, "base", *RAY)
+    v_log, v_w = _run(tiny_config, tmp_path, "verifiers", *RAY, "pipeline.ray.verifier_workers=1",
+                      during=kill_the_verifier)
+    assert _same(base_w, v_w) and [_untimed(r) for r in base_log] == [_untimed(r) for r in v_log]
+    assert seen["before"] > 0 and seen["after"] > 0 and seen["new_pid"] != seen["pid"]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from assay.agent.loop import VERIFY_WORKERS, EpisodeJob, run_episodes, run_episodes_online
+from assay.agent.verifiers import VerifierProcesses, verifies_anywhere
 from assay.core.config import DomainConfig
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
@@ -20,13 +21,15 @@ from assay.rollout.base import OnlineBackend, RolloutBackend, SamplingParams
 def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment], domains: dict[str, DomainConfig],
             tasks: Sequence[Task], samples: int | None, temperature: float, top_p: float = 1.0, top_k: int = 0,
             policy_version: int = 0, seed: int | None = None, group_prefix: str = "",
-            online: bool = False, first: int = 0, verifiers: int = VERIFY_WORKERS) -> list[Trajectory]:
+            online: bool = False, first: int = 0, verifiers: int = VERIFY_WORKERS,
+            verifier_pool: VerifierProcesses | None = None) -> list[Trajectory]:
     """`samples` per task (None: each domain's group_size). Returns trajectories in task order,
     a group's samples together, each group sharing a `group_id`. Without `online`, the agent loop runs
     per domain, every episode of a domain taking its turns in lockstep; with it (the engine only),
     the episodes of every domain share one batch and each advances on its own. `first`: where `tasks`
     start in a larger batch split over several workers, so that group ids stay distinct across the
-    parts (0: the whole batch, as one worker sees it). `verifiers`: episodes verified at once."""
+    parts (0: the whole batch, as one worker sees it). `verifiers`: episodes verified at once;
+    `verifier_pool`: where the episodes of environments that verify anywhere are verified (None: here)."""
     if online and not isinstance(backend, OnlineBackend):
         raise AssayError("pipeline.online needs a backend that admits requests while it runs "
                          "(rollout.backend: engine or vllm)")
@@ -42,9 +45,10 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
             params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=dom.max_new_tokens,
                                     stop_token_ids=stop_token_ids(tokenizer), seed=seed)
             jobs[name] = []
+            pool = verifier_pool if verifier_pool is not None and verifies_anywhere(envs[name]) else None
             for k, task in enumerate(task for _, task in items for _ in range(n)):
                 jobs[name].append(EpisodeJob(task, start_episode(envs[name], task), params, dom.max_turns,
-                                             dom.max_context, k, dom.time_limit_s, dom.verify_timeout_s))
+                                             dom.max_context, k, dom.time_limit_s, dom.verify_timeout_s, pool))
         if online:
             waiting = {}
             flat = run_episodes_online(backend, [j for js in jobs.values() for j in js], tokenizer, policy_version,
@@ -58,7 +62,8 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
                 del waiting[name]
                 j = js[0]
                 done[name] = run_episodes(backend, [(j.task, j.episode) for j in js], tokenizer, j.params, j.max_turns,
-                                          j.max_context, policy_version, j.time_limit_s, j.verify_timeout_s, verifiers)
+                                          j.max_context, policy_version, j.time_limit_s, j.verify_timeout_s, verifiers,
+                                          j.verifier)
     except BaseException:
         close_episodes([j.episode for js in waiting.values() for j in js])
         raise

@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from assay.agent.parse import parse_assistant, split_reasoning
 from assay.agent.render import observation_ids, prompt_ids
+from assay.agent.verifiers import VerifierProcesses
 from assay.core.chat_format import chat_format
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
@@ -52,6 +53,7 @@ class EpisodeJob:
     stream: int  # which of the seed's random streams its samples draw: its index in its batch
     time_limit_s: float | None = None  # wall clock from its start; checked after each turn
     verify_timeout_s: float | None = None  # a verifier past it gives the episode VERIFIER_ERROR, not a reward
+    verifier: VerifierProcesses | None = None  # verifies a fresh episode in a process of its own; None: this one
 
 
 @dataclass
@@ -89,8 +91,10 @@ def run_episodes(
     time_limit_s: float | None = None,
     verify_timeout_s: float | None = None,
     verifiers: int = VERIFY_WORKERS,
+    verifier: VerifierProcesses | None = None,
 ) -> list[Trajectory]:
-    """Act out every (task, episode) to the end and verify it; one trajectory per item, in order.
+    """Act out every (task, episode) to the end and verify it (in `verifier`'s processes when given);
+    one trajectory per item, in order.
     All unfinished episodes take their next turn together, in one backend call.
 
     An episode ends on an answer (a turn without tool calls, or a tool result with done: "stop"),
@@ -102,7 +106,7 @@ def run_episodes(
     Trajectory.policy_version is the oldest weights version that sampled any of its tokens
     (`policy_version` when nothing was sampled). timings["generate_s"] is the wall time of the batched
     generate calls the episode took part in."""
-    jobs = [EpisodeJob(task, episode, params, max_turns, max_context, i, time_limit_s, verify_timeout_s)
+    jobs = [EpisodeJob(task, episode, params, max_turns, max_context, i, time_limit_s, verify_timeout_s, verifier)
             for i, (task, episode) in enumerate(items)]
     runs: list[_Run] = []
     try:
@@ -275,6 +279,8 @@ def _verify(r: _Run) -> Reward:
     killed, so a verifier past its time is left to finish on its own and closes the episode when it
     does: closing it under the verifier could return a sandbox still in use to the pool."""
     timeout = r.job.verify_timeout_s
+    if r.job.verifier is not None:  # a process of its own, killed at the timeout
+        return r.job.verifier.verify(r.job.task, r.messages, timeout)
     if timeout is None:
         return r.job.episode.verify(r.messages)
     box: dict[str, object] = {}

@@ -1,5 +1,6 @@
 """`assay bench pipeline`: RL steps per second of the synchronous pipeline beside the asynchronous
-one (and the online agent loop, and the rollout in a worker process), from the same policy and config,
+one (and the online agent loop, the rollout in a worker process, verification in processes of its
+own), from the same policy and config,
 alternating in one process. Beside each variant's wall time: the share of it the rollout and the
 trainer were busy (their sum above 100% is the overlap), the share of the machine's CPU time that was
 busy (overlap can only fill idle cores: at a busy share b, no schedule runs more than 1/b times
@@ -24,6 +25,9 @@ VARIANTS = {
     "async + online episodes": ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.online=true"],
     "async + online, rollout process": ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.online=true",
                                         "pipeline.workers=process"],
+    "sync + online, verifier processes": ["pipeline.online=true", "rollout.verifier_processes=2"],
+    "async + online, verifier processes": ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.online=true",
+                                           "rollout.verifier_processes=2"],
 }
 
 

@@ -209,6 +209,9 @@ class RolloutConfig(_Strict):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     verifiers: int = Field(4, ge=1)  # finished episodes verified at once (threads, each driving a sandbox)
+    # processes of their own that verify episodes whose verdict reads only the task and the messages (0: the
+    # rollout's threads do); a hung one is killed at the domain's verify_timeout_s, a dead one replaced
+    verifier_processes: int = Field(0, ge=0)
     vllm: VLLMConfig = VLLMConfig()
 
 
@@ -224,6 +227,10 @@ class RayConfig(_Strict):
     # how long a placement group or an added or replaced actor may wait to be placed before it is refused
     # (none: 120 s); on a cluster with Ray's autoscaler, long enough for new nodes to start
     placement_wait_s: float | None = Field(None, gt=0)
+    # verifier actors of their own, shared by the rollout actors (0: each rollout actor verifies, on its
+    # threads or rollout.verifier_processes); each asks for verifier_cpus
+    verifier_workers: int = Field(0, ge=0)
+    verifier_cpus: float = Field(1.0, ge=0)
 
     @model_validator(mode="after")
     def _bundle_holds_something(self) -> RayConfig:

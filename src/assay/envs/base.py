@@ -19,6 +19,10 @@ Optional (found with getattr; each has the default named):
   every episode a warm sandbox from a pool through `start(task, sandbox)` (taken on first use, given
   back restored when the episode closes), so the environment opens none of its own; undeclared (or
   where the host cannot isolate), `start` gets None and the environment opens what it needs.
+- `Environment.stateless_verify: bool` — whether a fresh episode of the task verifies the final
+  messages as the acting one would, so that verification may run in a verifier process
+  (`rollout.verifier_processes`; default: true exactly when the environment has no tools, since then no
+  call ever reaches `Episode.step`).
 - `Episode.close()` — release what `start` acquired; called once on every path (default: nothing).
   A sandbox the framework handed over is the framework's to give back: leave it.
 - `Observation.is_error` on a tool result counts as a tool error in the trajectory.

@@ -11,7 +11,8 @@ last weights, and the part it held is issued again, up to `pipeline.worker_resta
 run; when the cluster cannot place the replacement (its node gone, no room elsewhere) within
 `RESIZE_WAIT_S` the run goes on with one actor fewer. With one actor a run samples exactly what the
 worker process samples. The number of actors can change while the run goes on (`assay scale
-runs/NAME N`, read before each rollout)."""
+runs/NAME N`, read before each rollout). With `pipeline.ray.verifier_workers` the rollout actors send the
+episodes that verify anywhere to verifier actors of their own (ray_verifiers.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
+from assay.pipeline.ray_verifiers import RayVerifiers
 from assay.pipeline.worker import POLL_S, add_counts, copies, rollout_tasks, take_counts
 
 # Ray's session directory holds Unix sockets, whose paths the kernel caps at 107 bytes: the temp dir,
@@ -79,7 +81,7 @@ class _RolloutActor:
     """One rollout worker inside a Ray actor: a copy of the policy, the environments and a backend."""
 
     def __init__(self, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment],
-                 weights: list[tuple[str, Tensor]], version: int) -> None:
+                 weights: list[tuple[str, Tensor]], version: int, verifiers: RayVerifiers | None) -> None:
         from assay.core.modeling import set_threads
         from assay.rollout.factory import make_backend
         from assay.rollout.weights import copy_weights
@@ -87,7 +89,7 @@ class _RolloutActor:
         set_threads(cfg.threads)
         model = copy.deepcopy(model).eval().requires_grad_(False)  # its own, writable tensors
         copy_weights(model, weights)
-        self.cfg, self.tokenizer, self.envs = cfg, tokenizer, envs
+        self.cfg, self.tokenizer, self.envs, self.verifiers = cfg, tokenizer, envs, verifiers
         self.backend = make_backend(cfg.rollout, model, tokenizer)
         self.backend.update_weights([], version=version)
 
@@ -98,7 +100,8 @@ class _RolloutActor:
         self.backend.update_weights(weights, version=version)
 
     def rollout(self, tasks: list[Task], step: int, attempt: int, first: int) -> tuple[list[Trajectory], dict]:
-        trajs = rollout_tasks(self.cfg, self.backend, self.tokenizer, self.envs, tasks, step, attempt, first)
+        trajs = rollout_tasks(self.cfg, self.backend, self.tokenizer, self.envs, tasks, step, attempt, first,
+                              self.verifiers)
         take = getattr(self.backend, "take_stats", None)
         return trajs, take() if callable(take) else {}
 
@@ -171,6 +174,7 @@ class RayRollout:
         self.refused: tuple[str, int] | None = None  # the scale file (text, mtime) whose width could not be placed
         self.closed = False
         self.updates: list[tuple[Any, int, Any]] = []  # weight loads not yet checked: (result, version, actor)
+        self.verifiers: RayVerifiers | None = None
         r = cfg.pipeline.ray
         self.restarts, self.timeout_s = cfg.pipeline.worker_restarts, cfg.pipeline.worker_timeout_s
         self.version = 0
@@ -181,6 +185,8 @@ class RayRollout:
             self.actor_class = ray.remote(num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus)(_RolloutActor)
             self.refs = (ray.put(copy.deepcopy(model)), ray.put(tokenizer), ray.put(envs))
             self.weights = ray.put(copies(model.state_dict().items()))  # what a replacement starts from
+            if r.verifier_workers:
+                self.verifiers = RayVerifiers(envs, r.verifier_workers, r.verifier_cpus, cfg.pipeline.worker_restarts)
             self.slots = self._reserve(r.rollout_workers)
             self.actors = [self._new_actor(slot) for slot in self.slots]
             self._started(self.actors)
@@ -237,7 +243,7 @@ class RayRollout:
         group, index = slot
         where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
         return self.actor_class.options(scheduling_strategy=where).remote(self.cfg, model, tokenizer, envs,
-                                                                          self.weights, self.version)
+                                                                          self.weights, self.version, self.verifiers)
 
     def _started(self, actors: list[Any], timeout_s: float | None = None) -> None:
         """Wait until the actors serve; one that could not start is an error now, not a death later."""
@@ -435,6 +441,9 @@ class RayRollout:
         self.closed = True
         for actor in self.actors:
             self.ray.kill(actor, no_restart=True)
+        if self.verifiers is not None:
+            self.verifiers.close()
+            self.verifiers = None
         if self.groups:
             from ray.util.placement_group import remove_placement_group
 

@@ -33,18 +33,20 @@ POLL_S = 0.5  # how often a waiting trainer checks that the worker is still aliv
 
 
 def rollout_tasks(cfg: Config, backend: Any, tokenizer: Any, envs: dict[str, Environment], tasks: Sequence[Task],
-                  step: int, attempt: int, first: int = 0) -> list[Trajectory]:
+                  step: int, attempt: int, first: int = 0, verifier_pool: Any = None) -> list[Trajectory]:
     """One rollout of a step's tasks (attempt 0, or a refill): the GRPO groups, verified and shaped.
     The pipeline and the workers all call this, so where it runs cannot change what it samples.
-    `first`: the position of `tasks` in the step's batch when it is split over several workers."""
+    `first`: the position of `tasks` in the step's batch when it is split over several workers.
+    `verifier_pool`: verifier actors (none: this process's `rollout.verifier_processes`, if any)."""
     from assay.agent.groups import collect
+    from assay.agent.verifiers import shared_verifiers
     from assay.envs.rewards import shape_rewards
 
     r, domains = cfg.rollout, {d.name: d for d in cfg.domains}
     trajs = collect(backend, tokenizer, envs, domains, tasks, samples=None, temperature=r.temperature, top_p=r.top_p,
                     top_k=r.top_k, policy_version=step - 1, seed=sampling_seed(cfg, step, attempt, first),
                     group_prefix=f"s{step}a{attempt}/", online=cfg.pipeline.online, first=first,
-                    verifiers=r.verifiers)
+                    verifiers=r.verifiers, verifier_pool=verifier_pool or shared_verifiers(envs, r.verifier_processes))
     shape_rewards(trajs, domains)
     return trajs
 

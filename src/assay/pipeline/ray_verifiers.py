@@ -1,0 +1,128 @@
+"""The verifier pool as Ray actors of their own (`pipeline.ray.verifier_workers`), beside the rollout actors.
+
+Each actor holds the run's environments and verifies a fresh episode of a task on the messages it is
+sent (`agent.verifiers.verify_fresh`), with its own warm sandboxes, wherever the cluster places it
+(`pipeline.ray.verifier_cpus` each). The rollout actors send there the episodes whose verdict reads only
+the task and the messages (`verifies_anywhere`); the others verify where they were acted. Ray restarts
+an actor that dies; a call it held is issued again (a verdict is a function of its inputs), and a call
+past the domain's `verify_timeout_s` has its actor killed, and restarted, and raises TimeoutError."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from typing import Any
+
+from assay.agent.verifiers import verify_fresh
+from assay.core.errors import AssayError
+from assay.core.types import Message, Reward, Task
+from assay.envs.base import Environment
+
+RESTART_WAIT_S = 120.0  # for Ray to start a dead verifier actor again (on a busy or autoscaling cluster)
+
+
+class _VerifierActor:
+    def __init__(self, envs: dict[str, Environment]) -> None:
+        self.envs = envs
+        self.calls = 0
+
+    def served(self) -> int:
+        """Verifications answered since this actor (re)started."""
+        return self.calls
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def verify(self, task: Task, messages: list[Message]) -> Reward:
+        self.calls += 1
+        return verify_fresh(self.envs, task, messages)
+
+
+class RayVerifiers:
+    """Handles on the verifier actors, with `VerifierProcesses`' `verify`. It travels to the rollout actors
+    (Ray pickles the handles); each copy spreads its calls over the actors, least busy first."""
+
+    def __init__(self, envs: dict[str, Environment], n: int, cpus: float, restarts: int) -> None:
+        import ray
+
+        if n < 1:
+            raise AssayError(f"pipeline.ray.verifier_workers: a pool needs at least one actor, got {n}")
+        actor = ray.remote(num_cpus=cpus, max_restarts=-1, max_task_retries=0)(_VerifierActor)
+        self.envs_ref = ray.put(envs)  # held while the pool lives: Ray restarts an actor from it
+        self.actors = [actor.remote(self.envs_ref) for _ in range(n)]
+        self.restarts = restarts
+        try:
+            self.pids = ray.get([a.pid.remote() for a in self.actors])  # a new pid is a restart
+        except ray.exceptions.RayError as e:
+            self.close()
+            raise AssayError(f"a verifier (Ray actor) could not start: {e}\ndefine the environments in an importable "
+                             "module, or set pipeline.ray.verifier_workers: 0") from None
+        self._local()
+
+    def _local(self) -> None:
+        self.busy = [0] * len(self.actors)
+        self.replaced = 0
+        self.lock = threading.Lock()
+        self.order = itertools.count()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"actors": self.actors, "restarts": self.restarts, "pids": self.pids}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local()
+
+    def verify(self, task: Task, messages: list[Message], timeout_s: float | None = None) -> Reward:
+        import ray
+
+        while True:
+            with self.lock:  # the least busy actor, ties taken in turn
+                n, turn = len(self.actors), next(self.order)
+                i = min(range(n), key=lambda k: (self.busy[k], (k - turn) % n))
+                self.busy[i] += 1
+            try:
+                return ray.get(self.actors[i].verify.remote(task, messages), timeout=timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                ray.kill(self.actors[i], no_restart=False)  # Ray starts it again; the calls it held fail over
+                raise TimeoutError(f"a verifier (Ray actor) took longer than {timeout_s:g} s (the domain's "
+                                   "verify_timeout_s) and was killed; a verifier that hangs is an infrastructure "
+                                   "failure, not a wrong answer") from None
+            except ray.exceptions.RayActorError:  # died under the call: Ray restarts it, the call goes again
+                self._restarted(i, task)
+            except ray.exceptions.RayTaskError as e:
+                raise AssayError(f"in a verifier (Ray actor): {type(e.cause).__name__}: {e.cause}") from None
+            finally:
+                with self.lock:
+                    self.busy[i] -= 1
+
+    def _restarted(self, i: int, task: Task) -> None:
+        """Wait until Ray has started actor `i` again; each new process counts once against `restarts`,
+        however many calls its death failed."""
+        import ray
+
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while True:
+            try:
+                pid = ray.get(self.actors[i].pid.remote(), timeout=max(deadline - time.monotonic(), 0.1))
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):  # still restarting
+                if time.monotonic() >= deadline:
+                    raise AssayError(f"a verifier (Ray actor) died verifying {task.task_id} (domain {task.domain}) "
+                                     f"and was not running again within {RESTART_WAIT_S:.0f} s") from None
+                time.sleep(0.2)
+        with self.lock:
+            if pid != self.pids[i]:
+                self.pids[i] = pid
+                self.replaced += 1
+            if self.replaced > self.restarts:
+                raise AssayError(f"verifiers (Ray actors) were restarted {self.replaced} times "
+                                 "(pipeline.worker_restarts); the last had died verifying "
+                                 f"{task.task_id} (domain {task.domain})")
+
+    def close(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
