@@ -229,7 +229,7 @@ def test_verifier_processes_change_no_verdict(tiny_config, tmp_path, monkeypatch
     """The tiny config's tool-less domains (arith, no_e) verify in two processes of their own and its
     toolcalc domain on the rollout's threads: the run is the one that verifies every episode in the
     rollout, and the processes are gone when it ends."""
-    from assay.agent import verifiers
+    from assay.envs import verifiers
 
     pools, domains = [], []
     real = verifiers.VerifierProcesses

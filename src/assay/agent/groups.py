@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from assay.agent.loop import VERIFY_WORKERS, EpisodeJob, run_episodes, run_episodes_online
-from assay.agent.verifiers import VerifierProcesses, verifies_anywhere
 from assay.core.config import DomainConfig
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
-from assay.envs.episode import close_episodes, start_episode
+from assay.envs.episode import close_episodes
+from assay.envs.verifiers import VerifierProcesses, acting_episode, verifies_anywhere
 from assay.rollout.base import OnlineBackend, RolloutBackend, SamplingParams
 
 
@@ -47,7 +47,7 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
             jobs[name] = []
             pool = verifier_pool if verifier_pool is not None and verifies_anywhere(envs[name]) else None
             for k, task in enumerate(task for _, task in items for _ in range(n)):
-                jobs[name].append(EpisodeJob(task, start_episode(envs[name], task), params, dom.max_turns,
+                jobs[name].append(EpisodeJob(task, acting_episode(envs[name], task, pool), params, dom.max_turns,
                                              dom.max_context, k, dom.time_limit_s, dom.verify_timeout_s, pool))
         if online:
             waiting = {}

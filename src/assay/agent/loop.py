@@ -18,7 +18,6 @@ from transformers import PreTrainedTokenizerBase
 
 from assay.agent.parse import parse_assistant, split_reasoning
 from assay.agent.render import observation_ids, prompt_ids
-from assay.agent.verifiers import VerifierProcesses
 from assay.core.chat_format import chat_format
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
@@ -35,6 +34,7 @@ from assay.core.types import (
 )
 from assay.envs.base import Episode
 from assay.envs.episode import close_episode, close_episodes, step_episode
+from assay.envs.verifiers import VerifierProcesses
 from assay.rollout.base import GenRequest, GenResult, OnlineBackend, RolloutBackend, SamplingParams
 
 VERIFY_WORKERS = 4  # episodes verified at once (a codegen verification is a sandboxed run): rollout.verifiers

@@ -1,7 +1,7 @@
 """The verifier pool as Ray actors of their own (`pipeline.ray.verifier_workers`), beside the rollout actors.
 
 Each actor holds the run's environments and verifies a fresh episode of a task on the messages it is
-sent (`agent.verifiers.verify_fresh`), with its own warm sandboxes, wherever the cluster places it
+sent (`envs.verifiers.verify_fresh`), with its own warm sandboxes, wherever the cluster places it
 (`pipeline.ray.verifier_cpus` each). The rollout actors send there the episodes whose verdict reads only
 the task and the messages (`verifies_anywhere`); the others verify where they were acted. Ray restarts
 an actor that dies; a call it held is issued again (a verdict is a function of its inputs), and a call
@@ -15,10 +15,10 @@ import threading
 import time
 from typing import Any
 
-from assay.agent.verifiers import verify_fresh
 from assay.core.errors import AssayError
 from assay.core.types import Message, Reward, Task
 from assay.envs.base import Environment
+from assay.envs.verifiers import verify_fresh
 
 RESTART_WAIT_S = 120.0  # for Ray to start a dead verifier actor again (on a busy or autoscaling cluster)
 

@@ -161,7 +161,7 @@ class SyncPipeline:
     def close_backend(self, wait_s: float = 0) -> None:
         """Stop what the rollout backend holds beyond this object (vLLM: its engine and process group), and
         the verifier processes of this run's rollout, if it started any."""
-        from assay.agent.verifiers import close_shared_verifiers
+        from assay.envs.verifiers import close_shared_verifiers
 
         close_shared_verifiers(self.envs)
         close = getattr(self.backend, "close", None)

@@ -39,8 +39,8 @@ def rollout_tasks(cfg: Config, backend: Any, tokenizer: Any, envs: dict[str, Env
     `first`: the position of `tasks` in the step's batch when it is split over several workers.
     `verifier_pool`: verifier actors (none: this process's `rollout.verifier_processes`, if any)."""
     from assay.agent.groups import collect
-    from assay.agent.verifiers import shared_verifiers
     from assay.envs.rewards import shape_rewards
+    from assay.envs.verifiers import shared_verifiers
 
     r, domains = cfg.rollout, {d.name: d for d in cfg.domains}
     trajs = collect(backend, tokenizer, envs, domains, tasks, samples=None, temperature=r.temperature, top_p=r.top_p,

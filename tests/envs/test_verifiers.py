@@ -9,10 +9,18 @@ import time
 
 import pytest
 
-from assay.agent.verifiers import VerifierProcesses, shared_verifiers, verifies_anywhere, verify_fresh
 from assay.core.errors import AssayError
 from assay.core.types import Message, Reward, Task
+from assay.envs.episode import close_episode
 from assay.envs.registry import generate_task, get_env
+from assay.envs.verifiers import (
+    VerifiedElsewhere,
+    VerifierProcesses,
+    acting_episode,
+    shared_verifiers,
+    verifies_anywhere,
+    verify_fresh,
+)
 
 
 class _ScriptedEnv:
@@ -33,6 +41,8 @@ class _ScriptedEnv:
             if not os.path.exists(marker):
                 open(marker, "w").close()
                 os._exit(1)
+        if action == "die":
+            os._exit(1)
         if action == "raise":
             raise ValueError("a verifier bug")
         return Reward(1.0, True, details={"pid": os.getpid()})
@@ -104,9 +114,22 @@ def test_only_episodes_whose_verdict_reads_the_task_and_messages_go_to_the_proce
     env.stateless_verify = True  # an environment may declare it
     assert verifies_anywhere(env)
     assert shared_verifiers({"agent": get_env("toolcalc")}, 2) is None  # nothing to send: no processes
+    task = generate_task(get_env("toolcalc"), random.Random(0), 1)
+    acting = acting_episode(get_env("toolcalc"), task, pool=object())  # a tool's state stays where it acts
+    assert type(acting).__name__ == "ToolcalcEpisode"
+    close_episode(acting)
+    code = get_env("codegen")
+    assert isinstance(acting_episode(code, generate_task(code, random.Random(0), 1), pool=object()), VerifiedElsewhere)
     assert shared_verifiers({"math": get_env("arith")}, 0) is None
 
 
 def test_a_pool_of_no_processes_is_refused():
     with pytest.raises(AssayError, match="at least one process, got 0"):
         VerifierProcesses({"s": _ScriptedEnv()}, 0)
+
+
+def test_a_request_that_kills_every_verifier_is_its_own_error_and_the_pool_stays_whole(scripted, tmp_path):
+    with pytest.raises(AssayError, match="two verifier processes died verifying t"):
+        scripted.verify(_task(), [Message("user", "die")], timeout_s=60)
+    assert scripted.replaced == 2 and len(scripted.all) == 1
+    assert scripted.verify(_task(), [Message("user", "ok")], timeout_s=30).passed

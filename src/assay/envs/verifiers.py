@@ -10,17 +10,16 @@ the messages). Only episodes whose verdict can read nothing but the task and the
 from __future__ import annotations
 
 import atexit
+import multiprocessing as mp
 import os
 import queue
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-import torch.multiprocessing as mp
-
 from assay.core.errors import AssayError
-from assay.core.types import Message, Reward, Task
-from assay.envs.base import Environment
+from assay.core.types import Message, Observation, Reward, Task, ToolCall
+from assay.envs.base import Environment, Episode
 from assay.envs.episode import close_episode, start_episode
 
 READY_WAIT_S = 120.0  # a verifier process's start-up: imports and its environments unpickled
@@ -31,6 +30,24 @@ def verifies_anywhere(env: Environment) -> bool:
     environment declares it, else whether it has no tools (then no call ever reaches `episode.step`,
     which validation refuses first, so the acting episode is still as `start` made it)."""
     return bool(getattr(env, "stateless_verify", not env.tools))
+
+
+class VerifiedElsewhere:
+    """The acting side of a tool-less episode that a verifier process verifies: nothing can step it
+    (validation refuses every call first), so nothing is started here and no sandbox is leased; the
+    verifier starts the episode it verifies."""
+
+    def step(self, call: ToolCall) -> Observation:
+        raise AssayError("a tool-less episode has no tools to step")
+
+    def verify(self, final: list[Message]) -> Reward:
+        raise AssayError("this episode is verified in a verifier process")
+
+
+def acting_episode(env: Environment, task: Task, pool: VerifierProcesses | None) -> Episode:
+    """The episode the rollout acts on: the environment's own, except for a tool-less one whose
+    verification goes to `pool`, which needs none here."""
+    return VerifiedElsewhere() if pool is not None and not env.tools else start_episode(env, task)
 
 
 def verify_fresh(envs: dict[str, Environment], task: Task, messages: list[Message]) -> Reward:
@@ -68,16 +85,19 @@ class _Verifier:
 class VerifierProcesses:
     """`n` spawned verifier processes holding the run's environments. `verify` is thread-safe: each call
     takes an idle process (waiting for one when all are busy) and gives it back after. A process that
-    dies mid-request is replaced and the request issued again, up to `restarts` times over the pool's
-    life; one past `timeout_s` is killed and replaced, and the call raises TimeoutError (the episode
-    gets an infrastructure status, not a reward)."""
+    dies mid-request is replaced and the request issued again, once (a request that kills its second
+    process too is an error of that request alone); one past `timeout_s` is killed and replaced, and
+    the call raises TimeoutError (the episode gets an infrastructure status, not a reward). The pool
+    keeps its `n` processes throughout; `replaced` counts the replacements."""
 
-    def __init__(self, envs: dict[str, Environment], n: int, restarts: int = 8) -> None:
+    def __init__(self, envs: dict[str, Environment], n: int) -> None:
         if n < 1:
             raise AssayError(f"rollout.verifier_processes: a pool needs at least one process, got {n} "
                              "(0 verifies on the rollout's own threads)")
-        self.ctx = mp.get_context("spawn")  # fork would copy the rollout's thread pools mid-use
-        self.envs, self.n, self.restarts = envs, n, restarts
+        # spawn: fork would copy the rollout's thread pools mid-use. The child imports only this module's
+        # package and the environments' modules (no torch): a verifier starts in well under a second
+        self.ctx = mp.get_context("spawn")
+        self.envs, self.n = envs, n
         self.replaced = 0
         self.idle: queue.Queue[_Verifier] = queue.Queue()
         self.all: list[_Verifier] = []
@@ -100,7 +120,11 @@ class VerifierProcesses:
             self.all.append(v)
 
     def _ready(self, v: _Verifier) -> None:
-        if not v.conn.poll(READY_WAIT_S) or v.conn.recv()[0] != "ready":
+        try:
+            started = v.conn.poll(READY_WAIT_S) and v.conn.recv()[0] == "ready"
+        except (EOFError, OSError):  # it exited while starting
+            started = False
+        if not started:
             self.close()
             raise AssayError("rollout.verifier_processes: a verifier process did not start (its environments must "
                              "import and unpickle in a fresh process); set rollout.verifier_processes: 0 to verify "
@@ -119,20 +143,23 @@ class VerifierProcesses:
         self._add(fresh)
         self._ready(fresh)
 
+    def _take(self) -> _Verifier:
+        while not self.closed:
+            try:
+                return self.idle.get(timeout=1.0)
+            except queue.Empty:
+                continue
+        raise AssayError("the verifier pool is closed")
+
     def verify(self, task: Task, messages: list[Message], timeout_s: float | None = None) -> Reward:
-        while True:
-            if self.closed:
-                raise AssayError("the verifier pool is closed")
-            v = self.idle.get()
+        for _ in range(2):  # the request, and once more if its process died under it
+            v = self._take()
             try:
                 v.conn.send((task, messages))
                 answered = v.conn.poll(timeout_s)
                 if answered:
                     kind, value = v.conn.recv()
             except (EOFError, OSError):  # it died under the request: a verdict is a function of its inputs
-                if self.replaced >= self.restarts:
-                    raise AssayError(f"verifier processes died {self.replaced + 1} times; the last died verifying "
-                                     f"{task.task_id} (domain {task.domain})") from None
                 self._replace(v)
                 continue
             if not answered:
@@ -144,6 +171,7 @@ class VerifierProcesses:
             if kind == "error":
                 raise AssayError(f"in a verifier process: {value}")
             return value
+        raise AssayError(f"two verifier processes died verifying {task.task_id} (domain {task.domain})")
 
     def close(self) -> None:
         if self.closed:
