@@ -63,6 +63,11 @@ def _kill_processes_under(path: str) -> None:
                 pass
 
 
+def _cpu_nodes() -> int:
+    """Alive nodes that offer CPUs (the ones the autoscaler started)."""
+    return sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0)
+
+
 @pytest.fixture
 def autoscaling(monkeypatch):
     temp = tempfile.mkdtemp(prefix="assay-ras-")  # short: Ray's Unix socket paths are capped
@@ -96,17 +101,21 @@ def test_the_autoscaler_starts_nodes_for_the_rollout_actors(tiny_config, tmp_pat
         "train.checkpoint_every=6", "pipeline.ray.rollout_workers=1", "pipeline.ray.rollout_cpus=1",
         f"pipeline.ray.address={autoscaling}", "pipeline.ray.placement_wait_s=120"])
     run_dir = tmp_path / "auto"
+    ray.init(address=autoscaling)
+    assert _cpu_nodes() == 0  # the head alone, with no CPU for an actor
     pipeline = make_pipeline(cfg, run_dir)  # waits for the node the placement group asks for
-    real = pipeline.trainer.step
+    real, seen = pipeline.trainer.step, {}
 
     def step(batch, version):
         out = real(batch, version=version)
+        seen[version] = _cpu_nodes()
         if version == 2:
             request_scale(run_dir, 2)  # one more actor: one more node
         return out
 
     pipeline.trainer.step = step
     pipeline.run()
+    assert seen[0] == 1 and seen[5] == 2  # a node started for the first actor, a second for the one added
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     log = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
