@@ -283,12 +283,18 @@ def report(run_dir: Annotated[Path, typer.Argument(help="runs/NAME")]) -> None:
 
 @app.command()
 def scale(run_dir: Annotated[Path, typer.Argument(help="runs/NAME of a run with pipeline.workers: ray")],
-          rollout_workers: Annotated[int, typer.Option(help="rollout actors from the next rollout on")]) -> None:
-    """Change a running run's number of rollout workers (Ray actors) without restarting its trainer."""
+          rollout_workers: Annotated[int | None, typer.Option(help="rollout actors from the next rollout on")] = None,
+          verifier_workers: Annotated[int | None, typer.Option(help="verifier actors from the next rollout on "
+                                                                    "(0: the rollout actors verify)")] = None) -> None:
+    """Change a running run's number of rollout or verifier workers (Ray actors) without restarting its trainer."""
     from assay.pipeline.ray_workers import request_scale
 
-    request_scale(run_dir, rollout_workers)
-    console.print(f"{run_dir}: {rollout_workers} rollout worker(s) from its next rollout on")
+    if rollout_workers is None and verifier_workers is None:
+        raise AssayError("assay scale: give --rollout-workers N, --verifier-workers N, or both")
+    for n, verifiers, what in ((rollout_workers, False, "rollout"), (verifier_workers, True, "verifier")):
+        if n is not None:
+            request_scale(run_dir, n, verifiers=verifiers)
+            console.print(f"{run_dir}: {n} {what} worker(s) from its next rollout on")
 
 
 @app.command()

@@ -201,31 +201,36 @@ def test_the_runs_own_cluster_refuses_calls_without_its_token(tiny_config, tmp_p
         stop_ray(started, temp)
 
 
-def test_verifier_actors_change_no_verdict_and_one_killed_is_restarted(tiny_config, tmp_path):
+def test_verifier_actors_change_no_verdict_one_killed_is_restarted_and_more_can_join(tiny_config, tmp_path):
     """A verifier actor of its own takes the tool-less domains' verifications from the rollout actor; it is
-    SIGKILLed after step 2, Ray starts it again, and the run trains what the run verifying in the
-    rollout actor trains, to the bit."""
+    SIGKILLed after step 2 and Ray starts it again; `assay scale --verifier-workers 2` after step 3 adds a
+    second. The run trains what the run verifying in the rollout actor trains, to the bit."""
     seen = {}
 
-    def kill_the_verifier(pipeline):
+    def kill_then_scale(pipeline):
         real = pipeline.trainer.step
 
         def step(batch, version):
             out = real(batch, version=version)
-            actor = pipeline.backend.verifiers.actors[0]
+            actors = pipeline.backend.verifiers.actors
             if version == 2:
-                seen["before"] = ray.get(actor.served.remote())
-                seen["pid"] = ray.get(actor.pid.remote())
+                seen["before"] = ray.get(actors[0].served.remote())
+                seen["pid"] = ray.get(actors[0].pid.remote())
                 os.kill(seen["pid"], signal.SIGKILL)
+            if version == 3:
+                request_scale(tmp_path / "verifiers", 2, verifiers=True)
             if version == 5:
-                seen["after"] = ray.get(actor.served.remote())
-                seen["new_pid"] = ray.get(actor.pid.remote())
+                seen["after"] = [ray.get(a.served.remote()) for a in actors]
+                seen["new_pid"] = ray.get(actors[0].pid.remote())
             return out
 
         pipeline.trainer.step = step
 
     base_log, base_w = _run(tiny_config, tmp_path, "base", *RAY)
     v_log, v_w = _run(tiny_config, tmp_path, "verifiers", *RAY, "pipeline.ray.verifier_workers=1",
-                      during=kill_the_verifier)
+                      "pipeline.ray.verifier_cpus=0.5",  # two beside the rollout actor on two CPUs
+                      during=kill_then_scale)
     assert _same(base_w, v_w) and [_untimed(r) for r in base_log] == [_untimed(r) for r in v_log]
-    assert seen["before"] > 0 and seen["after"] > 0 and seen["new_pid"] != seen["pid"]
+    assert seen["before"] > 0 and seen["new_pid"] != seen["pid"]
+    assert len(seen["after"]) == 2 and all(n > 0 for n in seen["after"])  # both serve
+    assert [r["rollout/verifiers_resized_to"] for r in v_log if "rollout/verifiers_resized_to" in r] == [2]

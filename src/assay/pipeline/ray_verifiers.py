@@ -44,21 +44,33 @@ class RayVerifiers:
     """Handles on the verifier actors, with `VerifierProcesses`' `verify`. It travels to the rollout actors
     (Ray pickles the handles); each copy spreads its calls over the actors, least busy first."""
 
-    def __init__(self, envs: dict[str, Environment], n: int, cpus: float, restarts: int) -> None:
+    def __init__(self, envs: dict[str, Environment], cpus: float, restarts: int) -> None:
+        """No actors yet: `resize` starts them (the driver's copy; the rollout actors get copies)."""
         import ray
 
-        if n < 1:
-            raise AssayError(f"pipeline.ray.verifier_workers: a pool needs at least one actor, got {n}")
-        actor = ray.remote(num_cpus=cpus, max_restarts=-1, max_task_retries=0)(_VerifierActor)
+        self.actor_class = ray.remote(num_cpus=cpus, max_restarts=-1, max_task_retries=0)(_VerifierActor)
         self.envs_ref = ray.put(envs)  # held while the pool lives: Ray restarts an actor from it
-        self.actors = [actor.remote(self.envs_ref) for _ in range(n)]
+        self.actors: list[Any] = []
+        self.pids: list[int] = []  # a new pid is a restart
         self.restarts = restarts
+        self._local()
+
+    def resize(self, n: int) -> None:
+        """Start actors up to `n` or stop the last ones; 0 leaves verification to the rollout actors."""
+        import ray
+
+        added = [self.actor_class.remote(self.envs_ref) for _ in range(n - len(self.actors))]
         try:
-            self.pids = ray.get([a.pid.remote() for a in self.actors])  # a new pid is a restart
-        except ray.exceptions.RayError as e:
-            self.close()
-            raise AssayError(f"a verifier (Ray actor) could not start: {e}\ndefine the environments in an importable "
-                             "module, or set pipeline.ray.verifier_workers: 0") from None
+            pids = ray.get([a.pid.remote() for a in added], timeout=RESTART_WAIT_S)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
+            for a in added:
+                ray.kill(a, no_restart=True)
+            raise AssayError(f"verifiers (Ray actors) could not start: {e}\ndefine the environments in an "
+                             "importable module, free resources (pipeline.ray.verifier_cpus), or set "
+                             "pipeline.ray.verifier_workers: 0") from None
+        for a in self.actors[n:]:
+            ray.kill(a, no_restart=True)
+        self.actors, self.pids = self.actors[:n] + added, self.pids[:n] + pids
         self._local()
 
     def _local(self) -> None:
@@ -67,8 +79,11 @@ class RayVerifiers:
         self.lock = threading.Lock()
         self.order = itertools.count()
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:  # what a rollout actor's copy needs
         return {"actors": self.actors, "restarts": self.restarts, "pids": self.pids}
+
+    def __bool__(self) -> bool:  # a pool of no actors: the rollout actor verifies itself
+        return bool(self.actors)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -126,3 +141,4 @@ class RayVerifiers:
 
         for a in self.actors:
             ray.kill(a, no_restart=True)
+        self.actors = []

@@ -41,6 +41,7 @@ from assay.pipeline.worker import POLL_S, add_counts, copies, rollout_tasks, tak
 # then /session_2026-12-02_02-01-18_255973_4194304/sockets/plasma_store (64 bytes with a 7-digit pid)
 MAX_TEMP_DIR = 40
 SCALE_FILE = "rollout_workers"  # in the run directory: the number of rollout actors wanted now
+VERIFIER_SCALE_FILE = "verifier_workers"  # and of verifier actors (0: the rollout actors verify)
 RESIZE_WAIT_S = 120.0  # a placement group, or an actor added or replaced mid-run, not placed by then is refused
 
 
@@ -60,12 +61,13 @@ class _Died(AssayError):
     """An actor died before it served, not by its own error: its process or its node went away."""
 
 
-def request_scale(run_dir: Path, n: int) -> None:
-    """Ask a running run to use `n` rollout actors from its next rollout on."""
+def request_scale(run_dir: Path, n: int, verifiers: bool = False) -> None:
+    """Ask a running run to use `n` rollout actors (with `verifiers`: verifier actors) from its next rollout on."""
     from assay.core.atomic import atomic_write
 
-    if n < 1:
-        raise AssayError(f"assay scale: need at least one rollout worker, got {n}")
+    if n < (0 if verifiers else 1):
+        raise AssayError(f"assay scale: need at least one rollout worker, got {n}" if not verifiers else
+                         f"assay scale: a number of verifier workers is 0 or more, got {n}")
     if not (run_dir / "config.yaml").is_file():
         raise AssayError(f"{run_dir} is not a run directory (no config.yaml); pass runs/NAME of a running run")
     from assay.core.config import load_config
@@ -74,14 +76,14 @@ def request_scale(run_dir: Path, n: int) -> None:
     if workers != "ray":
         raise AssayError(f"{run_dir} runs its rollout with pipeline.workers: {workers}; only a run with "
                          "pipeline.workers: ray can change its number of rollout workers")
-    atomic_write(run_dir / SCALE_FILE, f"{n}\n")
+    atomic_write(run_dir / (VERIFIER_SCALE_FILE if verifiers else SCALE_FILE), f"{n}\n")
 
 
 class _RolloutActor:
     """One rollout worker inside a Ray actor: a copy of the policy, the environments and a backend."""
 
     def __init__(self, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment],
-                 weights: list[tuple[str, Tensor]], version: int, verifiers: RayVerifiers | None) -> None:
+                 weights: list[tuple[str, Tensor]], version: int) -> None:
         from assay.core.modeling import set_threads
         from assay.rollout.factory import make_backend
         from assay.rollout.weights import copy_weights
@@ -89,7 +91,7 @@ class _RolloutActor:
         set_threads(cfg.threads)
         model = copy.deepcopy(model).eval().requires_grad_(False)  # its own, writable tensors
         copy_weights(model, weights)
-        self.cfg, self.tokenizer, self.envs, self.verifiers = cfg, tokenizer, envs, verifiers
+        self.cfg, self.tokenizer, self.envs = cfg, tokenizer, envs
         self.backend = make_backend(cfg.rollout, model, tokenizer)
         self.backend.update_weights([], version=version)
 
@@ -99,9 +101,11 @@ class _RolloutActor:
     def update_weights(self, weights: list[tuple[str, Tensor]], version: int) -> None:
         self.backend.update_weights(weights, version=version)
 
-    def rollout(self, tasks: list[Task], step: int, attempt: int, first: int) -> tuple[list[Trajectory], dict]:
+    def rollout(self, tasks: list[Task], step: int, attempt: int, first: int,
+                verifiers: RayVerifiers | None) -> tuple[list[Trajectory], dict]:
+        """`verifiers`: the verifier actors as the driver has them now (they can change between rollouts)."""
         trajs = rollout_tasks(self.cfg, self.backend, self.tokenizer, self.envs, tasks, step, attempt, first,
-                              self.verifiers)
+                              verifiers)
         take = getattr(self.backend, "take_stats", None)
         return trajs, take() if callable(take) else {}
 
@@ -163,7 +167,8 @@ class RayRollout:
             import ray
         except ImportError:
             raise AssayError("pipeline.workers: ray needs Ray: pip install -e '.[ray]'") from None
-        (run_dir / SCALE_FILE).unlink(missing_ok=True)  # a width asked of an earlier attempt is not this one's
+        for name in (SCALE_FILE, VERIFIER_SCALE_FILE):  # a width asked of an earlier attempt is not this one's
+            (run_dir / name).unlink(missing_ok=True)
         self.started, self.temp = start_ray(cfg, run_dir)
         self.ray, self.cfg, self.run_dir = ray, cfg, run_dir
         self.wait_s = placement_wait(cfg)
@@ -172,6 +177,7 @@ class RayRollout:
         self.vacant: list[tuple[Any, int]] = []  # bundles reserved in a group that holds no actor now
         self.groups: list[Any] = []  # the placement groups made, each removed once none of its bundles holds an actor
         self.refused: tuple[str, int] | None = None  # the scale file (text, mtime) whose width could not be placed
+        self.refused_verifiers: tuple[str, int] | None = None  # the same for the verifier scale file
         self.closed = False
         self.updates: list[tuple[Any, int, Any]] = []  # weight loads not yet checked: (result, version, actor)
         self.verifiers: RayVerifiers | None = None
@@ -185,8 +191,8 @@ class RayRollout:
             self.actor_class = ray.remote(num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus)(_RolloutActor)
             self.refs = (ray.put(copy.deepcopy(model)), ray.put(tokenizer), ray.put(envs))
             self.weights = ray.put(copies(model.state_dict().items()))  # what a replacement starts from
-            if r.verifier_workers:
-                self.verifiers = RayVerifiers(envs, r.verifier_workers, r.verifier_cpus, cfg.pipeline.worker_restarts)
+            self.verifiers = RayVerifiers(envs, r.verifier_cpus, cfg.pipeline.worker_restarts)
+            self.verifiers.resize(r.verifier_workers)
             self.slots = self._reserve(r.rollout_workers)
             self.actors = [self._new_actor(slot) for slot in self.slots]
             self._started(self.actors)
@@ -243,7 +249,7 @@ class RayRollout:
         group, index = slot
         where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
         return self.actor_class.options(scheduling_strategy=where).remote(self.cfg, model, tokenizer, envs,
-                                                                          self.weights, self.version, self.verifiers)
+                                                                          self.weights, self.version)
 
     def _started(self, actors: list[Any], timeout_s: float | None = None) -> None:
         """Wait until the actors serve; one that could not start is an error now, not a death later."""
@@ -317,8 +323,29 @@ class RayRollout:
         self._release(stopped)
         self._placed()
 
+    def _follow_verifier_file(self) -> None:
+        """`assay scale runs/NAME --verifier-workers N` writes the number of verifier actors wanted; a
+        number the cluster cannot start is refused once (the run goes on with the verifiers it has)."""
+        path = self.run_dir / VERIFIER_SCALE_FILE
+        try:
+            asked = (text := path.read_text().strip()), path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return
+        if not text.isdigit() or self.verifiers is None or asked == self.refused_verifiers:
+            return
+        if int(text) != len(self.verifiers.actors):
+            try:
+                self.verifiers.resize(int(text))
+            except AssayError as e:
+                self.totals["verifier_resize_refused"] = int(text)
+                self.refused_verifiers = asked
+                log.warning("verifier workers: %d refused (%s); the run goes on with %d", int(text), e,
+                            len(self.verifiers.actors))
+            self.totals["verifiers_resized_to"] = len(self.verifiers.actors)
+
     def _follow_scale_file(self) -> None:
         """`assay scale runs/NAME N` writes the width the run should have; it is read before each rollout."""
+        self._follow_verifier_file()
         path = self.run_dir / SCALE_FILE
         try:
             asked = (text := path.read_text().strip()), path.stat().st_mtime_ns
@@ -374,7 +401,7 @@ class RayRollout:
 
     def _issue(self, actor: Any, part: tuple[int, list[Task]], step: int, attempt: int) -> tuple[Any, float, Any]:
         first, tasks = part
-        return actor.rollout.remote(tasks, step, attempt, first), time.monotonic(), actor
+        return actor.rollout.remote(tasks, step, attempt, first, self.verifiers), time.monotonic(), actor
 
     def _successor(self, dead: Any, pending: dict[int, tuple[Any, float, Any]]) -> Any:
         """The actor to take over a part of `dead`: its replacement, or, when the cluster could not place
