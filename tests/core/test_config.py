@@ -28,6 +28,10 @@ def test_defaults_and_overrides():
     ("rollout.verifiers=0", "rollout.verifiers: Input should be greater than or equal to 1"),
     ("domains.0.verify_timeout_s=0", "domains.0.verify_timeout_s: Input should be greater than 0"),
     ("pipeline.max_staleness=-1", "pipeline.max_staleness: Input should be greater than or equal to 0"),
+    ("rollout.verifier_processes=-1", "rollout.verifier_processes: Input should be greater than or equal to 0"),
+    ("pipeline.ray.verifier_workers=-2", "pipeline.ray.verifier_workers: Input should be greater than or equal to 0"),
+    ("pipeline.ray.verifier_resources={CPU: 1}", "verifier_resources: ['CPU'] have keys of their own"),
+    ("pipeline.ray.rollout_resources={node_a: 0}", "rollout_resources: every amount must be > 0"),
 ])
 def test_bad_values_name_the_key(override, expected):
     with pytest.raises(ConfigError) as err:

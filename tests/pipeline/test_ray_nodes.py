@@ -9,6 +9,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 
 import pandas as pd
 import pytest
@@ -38,19 +39,19 @@ def two_nodes(monkeypatch):
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     made: list = []
 
-    def start(head_cpus: int):
+    def start(head_cpus: int, head_resources: dict | None = None, second_resources: dict | None = None):
         temp = tempfile.mkdtemp(prefix="assay-ray-")  # short: Ray's Unix socket paths are capped
         # Cluster writes the head's address under Ray's default temp dir (/tmp/ray, absent on a fresh
         # machine): keep it in this test's own
         monkeypatch.setenv("RAY_TMPDIR", temp)
         os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
         cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={
-            "num_cpus": head_cpus, "include_dashboard": False, "temp_dir": temp,
+            "num_cpus": head_cpus, "resources": head_resources or {}, "include_dashboard": False, "temp_dir": temp,
             # a lost node is declared dead after ~2 s instead of Ray's ~15 s of missed health checks
             "_system_config": {"health_check_period_ms": 500, "health_check_timeout_ms": 500,
                                "health_check_failure_threshold": 4}})
         made.append((cluster, temp))
-        second = cluster.add_node(num_cpus=1)
+        second = cluster.add_node(num_cpus=1, resources=second_resources or {})
         cluster.wait_for_nodes()
         return cluster, second
 
@@ -123,3 +124,57 @@ def test_a_placement_the_cluster_cannot_make_is_refused_in_time(tiny_config, tmp
     with pytest.raises(AssayError, match=r"cannot place a placement group of 3 bundles .*STRICT_SPREAD.* within 3 s"):
         make_pipeline(cfg, tmp_path / "strict")
     assert not ray.is_initialized()
+
+
+def test_a_lost_nodes_verifier_leaves_verification_to_the_rollout_actor(tiny_config, tmp_path, two_nodes):
+    """Custom resources place the rollout actor on the head and the verifier actor on the second node; the
+    second node is removed after step 2, so the verifier cannot start again anywhere: the calls it held
+    go back to the rollout actor, the driver drops it before the next rollout, and the run trains what a
+    run without verifier actors trains, to the bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    cluster, second = two_nodes(head_cpus=1, head_resources={"rollout_node": 1},
+                                second_resources={"verifier_node": 1})
+    common = ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.workers=ray", "train.max_refill_rounds=0",
+              "train.checkpoint_every=6", "pipeline.ray.rollout_workers=1", "pipeline.ray.rollout_cpus=1",
+              "pipeline.ray.rollout_resources={rollout_node: 1}", f"pipeline.ray.address={cluster.address}"]
+
+    def run(name, *overrides, during=None):
+        pipeline = make_pipeline(load_config(tiny_config(name=name), [*common, *overrides]), tmp_path / name)
+        if during:
+            during(pipeline)
+        pipeline.run()
+        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return ([r for r in records if r["kind"] == "train"],
+                load_file(tmp_path / name / "checkpoints" / "step_6" / "model.safetensors"))
+
+    def lose_the_second_node(pipeline):
+        real = pipeline.trainer.step
+
+        def step(batch, version):
+            out = real(batch, version=version)
+            if version == 2:
+                cluster.remove_node(second, allow_graceful=False)
+                # its processes linger on this machine a moment: go on once the verifier no longer answers
+                verifier, deadline = pipeline.backend.verifiers.actors[0], time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    try:
+                        ray.get(verifier.pid.remote(), timeout=1)
+                        time.sleep(0.2)
+                    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                        break
+            return out
+
+        pipeline.trainer.step = step
+
+    def untimed(r):
+        return {k: v for k, v in r.items() if k != "time" and not k.startswith("rollout/") and not k.endswith("_s")}
+
+    base_log, base_w = run("here")
+    lost_log, lost_w = run("lost", "pipeline.ray.verifier_workers=1", "pipeline.ray.verifier_cpus=1",
+                           "pipeline.ray.verifier_resources={verifier_node: 1}", during=lose_the_second_node)
+    assert [untimed(r) for r in base_log] == [untimed(r) for r in lost_log]
+    assert base_w.keys() == lost_w.keys() and all(torch.equal(base_w[k], lost_w[k]) for k in base_w)
+    assert sum(r.get("rollout/verifiers_lost", 0) for r in lost_log) == 1
+

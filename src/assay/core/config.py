@@ -231,10 +231,21 @@ class RayConfig(_Strict):
     # threads or rollout.verifier_processes); each asks for verifier_cpus
     verifier_workers: int = Field(0, ge=0)
     verifier_cpus: float = Field(1.0, ge=0)
+    # custom resources (Ray's `resources`: a node's label, an accelerator kind) each actor asks for too
+    rollout_resources: dict[str, float] = {}
+    verifier_resources: dict[str, float] = {}
 
     @model_validator(mode="after")
     def _bundle_holds_something(self) -> RayConfig:
-        if self.rollout_cpus == 0 and self.rollout_gpus == 0:
+        for key, asked in (("rollout_resources", self.rollout_resources), ("verifier_resources",
+                                                                           self.verifier_resources)):
+            named = {"CPU", "GPU"} & set(asked)
+            if named:
+                raise ValueError(f"{key}: {sorted(named)} have keys of their own (rollout_cpus, rollout_gpus, "
+                                 "verifier_cpus); custom resources are the cluster's other names")
+            if any(v <= 0 for v in asked.values()):
+                raise ValueError(f"{key}: every amount must be > 0, got {asked}")
+        if self.rollout_cpus == 0 and self.rollout_gpus == 0 and not self.rollout_resources:
             raise ValueError("rollout_cpus: 0 with rollout_gpus: 0 leaves a rollout actor's placement-group bundle "
                              "empty, which Ray cannot reserve; give an actor some CPU (e.g. rollout_cpus: 0.5) or GPU")
         return self

@@ -4,8 +4,10 @@ Each actor holds the run's environments and verifies a fresh episode of a task o
 sent (`envs.verifiers.verify_fresh`), with its own warm sandboxes, wherever the cluster places it
 (`pipeline.ray.verifier_cpus` each). The rollout actors send there the episodes whose verdict reads only
 the task and the messages (`verifies_anywhere`); the others verify where they were acted. Ray restarts
-an actor that dies; a call it held is issued again (a verdict is a function of its inputs), and a call
-past the domain's `verify_timeout_s` has its actor killed, and restarted, and raises TimeoutError."""
+an actor that dies; a call it held is issued again (a verdict is a function of its inputs), to another
+actor, or in the rollout actor itself, when it is not running again within RESTART_WAIT_S (its node
+lost); between rollouts the driver drops actors that do not answer. A call past the domain's
+`verify_timeout_s` has its actor killed, and restarted, and raises TimeoutError."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from assay.core.types import Message, Reward, Task
 from assay.envs.base import Environment
 from assay.envs.verifiers import verify_fresh
 
-RESTART_WAIT_S = 120.0  # for Ray to start a dead verifier actor again (on a busy or autoscaling cluster)
+RESTART_WAIT_S = 30.0  # for Ray to start a dead verifier actor again; past it the actor counts as lost
+START_WAIT_S = 120.0  # for verifier actors to start: placed, imported, environments unpickled
+PING_S = 5.0  # a verifier actor that does not answer the driver within this, between rollouts, is dropped
 
 
 class _VerifierActor:
@@ -44,11 +48,12 @@ class RayVerifiers:
     """Handles on the verifier actors, with `VerifierProcesses`' `verify`. It travels to the rollout actors
     (Ray pickles the handles); each copy spreads its calls over the actors, least busy first."""
 
-    def __init__(self, envs: dict[str, Environment], cpus: float, restarts: int) -> None:
+    def __init__(self, envs: dict[str, Environment], cpus: float, resources: dict[str, float], restarts: int) -> None:
         """No actors yet: `resize` starts them (the driver's copy; the rollout actors get copies)."""
         import ray
 
-        self.actor_class = ray.remote(num_cpus=cpus, max_restarts=-1, max_task_retries=0)(_VerifierActor)
+        self.actor_class = ray.remote(num_cpus=cpus, resources=resources or None, max_restarts=-1,
+                                      max_task_retries=0)(_VerifierActor)
         self.envs_ref = ray.put(envs)  # held while the pool lives: Ray restarts an actor from it
         self.actors: list[Any] = []
         self.pids: list[int] = []  # a new pid is a restart
@@ -61,7 +66,7 @@ class RayVerifiers:
 
         added = [self.actor_class.remote(self.envs_ref) for _ in range(n - len(self.actors))]
         try:
-            pids = ray.get([a.pid.remote() for a in added], timeout=RESTART_WAIT_S)
+            pids = ray.get([a.pid.remote() for a in added], timeout=START_WAIT_S)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
             for a in added:
                 ray.kill(a, no_restart=True)
@@ -75,9 +80,38 @@ class RayVerifiers:
 
     def _local(self) -> None:
         self.busy = [0] * len(self.actors)
+        self.lost: set[int] = set()  # actors this copy gave up on (not running again within RESTART_WAIT_S)
         self.replaced = 0
         self.lock = threading.Lock()
         self.order = itertools.count()
+        self.fallback: dict[str, Environment] | None = None
+
+    def falling_back_to(self, envs: dict[str, Environment]) -> RayVerifiers:
+        """Verify here, with these environments, once no actor of this copy is left (a rollout actor's copy)."""
+        self.fallback = envs
+        return self
+
+    def prune(self) -> int:
+        """Drop the actors that do not answer within PING_S (their node lost and nowhere to start them
+        again): the run goes on with the others, or verifies in the rollout actors once none is left.
+        The driver calls it before each rollout; returns how many were dropped."""
+        import ray
+
+        refs = [a.pid.remote() for a in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PING_S)
+        kept: list[tuple[Any, int]] = []
+        for actor, ref in zip(self.actors, refs, strict=True):
+            try:
+                if ref in ready:
+                    kept.append((actor, ray.get(ref)))
+                    continue
+            except ray.exceptions.RayError:
+                pass
+            ray.kill(actor, no_restart=True)
+        lost = len(self.actors) - len(kept)
+        self.actors, self.pids = [a for a, _ in kept], [p for _, p in kept]
+        self._local()
+        return lost
 
     def __getstate__(self) -> dict[str, Any]:  # what a rollout actor's copy needs
         return {"actors": self.actors, "restarts": self.restarts, "pids": self.pids}
@@ -93,10 +127,16 @@ class RayVerifiers:
         import ray
 
         while True:
-            with self.lock:  # the least busy actor, ties taken in turn
+            with self.lock:  # the least busy actor still running, ties taken in turn
                 n, turn = len(self.actors), next(self.order)
-                i = min(range(n), key=lambda k: (self.busy[k], (k - turn) % n))
-                self.busy[i] += 1
+                live = [k for k in range(n) if k not in self.lost]
+                if live:
+                    i = min(live, key=lambda k: (self.busy[k], (k - turn) % n))
+                    self.busy[i] += 1
+            if not live:
+                if self.fallback is None:
+                    raise AssayError(f"no verifier (Ray actor) is running to verify {task.task_id}")
+                return verify_fresh(self.fallback, task, messages)  # the verdict is the same anywhere
             try:
                 return ray.get(self.actors[i].verify.remote(task, messages), timeout=timeout_s)
             except ray.exceptions.GetTimeoutError:
@@ -123,9 +163,10 @@ class RayVerifiers:
                 pid = ray.get(self.actors[i].pid.remote(), timeout=max(deadline - time.monotonic(), 0.1))
                 break
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):  # still restarting
-                if time.monotonic() >= deadline:
-                    raise AssayError(f"a verifier (Ray actor) died verifying {task.task_id} (domain {task.domain}) "
-                                     f"and was not running again within {RESTART_WAIT_S:.0f} s") from None
+                if time.monotonic() >= deadline:  # nowhere to run (its node lost): the call goes elsewhere
+                    with self.lock:
+                        self.lost.add(i)
+                    return
                 time.sleep(0.2)
         with self.lock:
             if pid != self.pids[i]:

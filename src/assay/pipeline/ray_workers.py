@@ -105,7 +105,7 @@ class _RolloutActor:
                 verifiers: RayVerifiers | None) -> tuple[list[Trajectory], dict]:
         """`verifiers`: the verifier actors as the driver has them now (they can change between rollouts)."""
         trajs = rollout_tasks(self.cfg, self.backend, self.tokenizer, self.envs, tasks, step, attempt, first,
-                              verifiers)
+                              verifiers.falling_back_to(self.envs) if verifiers else None)
         take = getattr(self.backend, "take_stats", None)
         return trajs, take() if callable(take) else {}
 
@@ -185,13 +185,15 @@ class RayRollout:
         self.restarts, self.timeout_s = cfg.pipeline.worker_restarts, cfg.pipeline.worker_timeout_s
         self.version = 0
         self.totals: Counter[str] = Counter()
-        self.bundle = {k: v for k, v in (("CPU", r.rollout_cpus), ("GPU", r.rollout_gpus)) if v}
+        self.bundle = {**{k: v for k, v in (("CPU", r.rollout_cpus), ("GPU", r.rollout_gpus)) if v},
+                       **r.rollout_resources}
         self.strategy = r.placement.upper()  # Ray's PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
         try:
-            self.actor_class = ray.remote(num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus)(_RolloutActor)
+            self.actor_class = ray.remote(num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus,
+                                          resources=r.rollout_resources or None)(_RolloutActor)
             self.refs = (ray.put(copy.deepcopy(model)), ray.put(tokenizer), ray.put(envs))
             self.weights = ray.put(copies(model.state_dict().items()))  # what a replacement starts from
-            self.verifiers = RayVerifiers(envs, r.verifier_cpus, cfg.pipeline.worker_restarts)
+            self.verifiers = RayVerifiers(envs, r.verifier_cpus, r.verifier_resources, cfg.pipeline.worker_restarts)
             self.verifiers.resize(r.verifier_workers)
             self.slots = self._reserve(r.rollout_workers)
             self.actors = [self._new_actor(slot) for slot in self.slots]
@@ -363,6 +365,10 @@ class RayRollout:
             self.totals["resized_to"] = len(self.actors)
 
     def rollout(self, tasks: Sequence[Task], step: int, attempt: int) -> list[Trajectory]:
+        if self.verifiers and (lost := self.verifiers.prune()):
+            self.totals["verifiers_lost"] += lost
+            log.warning("%d verifier worker(s) lost (not answering; their node gone?); the run goes on with %d",
+                        lost, len(self.verifiers.actors))
         self._follow_scale_file()
         self._check_updates()
         n = len(self.actors)
