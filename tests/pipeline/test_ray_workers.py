@@ -2,7 +2,8 @@
 the worker process samples; a run scaled to two actors mid-run splits each step and keeps every group
 once; an actor killed with SIGKILL, or hung past pipeline.worker_timeout_s, mid-run is replaced in its
 placement-group bundle and its part issued again; scaling down and up keeps and reuses bundles and
-removes a group once it is empty; a verifier actor killed mid-run is restarted and changes nothing;
+removes a group once it is empty; a verifier actor killed mid-run is restarted and changes nothing, one past
+its timeout is restarted, one gone for good leaves its call to the caller;
 the cluster refuses calls without the run's token."""
 
 import json
@@ -234,3 +235,42 @@ def test_verifier_actors_change_no_verdict_one_killed_is_restarted_and_more_can_
     assert seen["before"] > 0 and seen["new_pid"] != seen["pid"]
     assert len(seen["after"]) == 2 and all(n > 0 for n in seen["after"])  # both serve
     assert [r["rollout/verifiers_resized_to"] for r in v_log if "rollout/verifiers_resized_to" in r] == [2]
+
+
+def test_a_verifier_actor_past_its_timeout_is_restarted_and_one_gone_for_good_leaves_it_here(
+        isolated, tiny_config, tmp_path, monkeypatch):
+    """Real codegen verifications on a verifier actor: a candidate that spins past the call's timeout gets
+    TimeoutError and its actor restarted (a new pid), which then serves; a call whose actor is gone for
+    good is given up after the restart wait and verified where the call was made, with the same verdict."""
+    import pickle
+    import random
+
+    from assay.core.types import Message
+    from assay.envs.registry import generate_task, get_env
+    from assay.pipeline import ray_verifiers
+    from assay.pipeline.ray_workers import start_ray, stop_ray
+
+    started, temp = start_ray(load_config(tiny_config(name="v"), RAY), tmp_path / "v")
+    try:
+        env = get_env("codegen")
+        envs = {"code": env}
+        task = generate_task(env, random.Random(0), 1)
+        task.domain = "code"
+        right = task.prompt + env.reference_solution(task)
+        spin = task.prompt + [Message("assistant", "```python\nwhile True:\n    pass\n```")]
+        pool = ray_verifiers.RayVerifiers(envs, 0.5, {}, restarts=3)
+        pool.resize(1)
+        assert pool.verify(task, right, timeout_s=60).passed
+        first = pool.pids[0]
+        with pytest.raises(TimeoutError, match="killed"):
+            pool.verify(task, spin, timeout_s=1.0)  # the sandbox's own limit is 3 s
+        assert pool.verify(task, right, timeout_s=60).passed
+        assert ray.get(pool.actors[0].pid.remote()) != first and pool.replaced == 1
+        monkeypatch.setattr(ray_verifiers, "RESTART_WAIT_S", 2.0)
+        held = pickle.loads(pickle.dumps(pool)).falling_back_to(envs)  # as a rollout actor holds it
+        ray.kill(pool.actors[0], no_restart=True)
+        verdict = held.verify(task, right, timeout_s=60)
+        assert verdict.passed and held.lost == {0}
+        pool.close()
+    finally:
+        stop_ray(started, temp)
