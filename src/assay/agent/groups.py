@@ -14,7 +14,7 @@ from assay.core.tokenizer import stop_token_ids
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
 from assay.envs.episode import close_episodes
-from assay.envs.verifiers import VerifierProcesses, acting_episode, verifies_anywhere
+from assay.envs.verifiers import VerifierPool, acting_episode, verifies_anywhere
 from assay.rollout.base import OnlineBackend, RolloutBackend, SamplingParams
 
 
@@ -22,7 +22,7 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
             tasks: Sequence[Task], samples: int | None, temperature: float, top_p: float = 1.0, top_k: int = 0,
             policy_version: int = 0, seed: int | None = None, group_prefix: str = "",
             online: bool = False, first: int = 0, verifiers: int = VERIFY_WORKERS,
-            verifier_pool: VerifierProcesses | None = None) -> list[Trajectory]:
+            verifier_pool: VerifierPool | None = None) -> list[Trajectory]:
     """`samples` per task (None: each domain's group_size). Returns trajectories in task order,
     a group's samples together, each group sharing a `group_id`. Without `online`, the agent loop runs
     per domain, every episode of a domain taking its turns in lockstep; with it (the engine only),

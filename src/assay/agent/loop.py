@@ -34,7 +34,7 @@ from assay.core.types import (
 )
 from assay.envs.base import Episode
 from assay.envs.episode import close_episode, close_episodes, step_episode
-from assay.envs.verifiers import VerifierProcesses
+from assay.envs.verifiers import VerifierPool
 from assay.rollout.base import GenRequest, GenResult, OnlineBackend, RolloutBackend, SamplingParams
 
 VERIFY_WORKERS = 4  # episodes verified at once (a codegen verification is a sandboxed run): rollout.verifiers
@@ -53,7 +53,7 @@ class EpisodeJob:
     stream: int  # which of the seed's random streams its samples draw: its index in its batch
     time_limit_s: float | None = None  # wall clock from its start; checked after each turn
     verify_timeout_s: float | None = None  # a verifier past it gives the episode VERIFIER_ERROR, not a reward
-    verifier: VerifierProcesses | None = None  # verifies a fresh episode in a process of its own; None: this one
+    verifier: VerifierPool | None = None  # verifies a fresh episode elsewhere (processes, actors); None: this one
 
 
 @dataclass
@@ -91,9 +91,9 @@ def run_episodes(
     time_limit_s: float | None = None,
     verify_timeout_s: float | None = None,
     verifiers: int = VERIFY_WORKERS,
-    verifier: VerifierProcesses | None = None,
+    verifier: VerifierPool | None = None,
 ) -> list[Trajectory]:
-    """Act out every (task, episode) to the end and verify it (in `verifier`'s processes when given);
+    """Act out every (task, episode) to the end and verify it (in `verifier` when given);
     one trajectory per item, in order.
     All unfinished episodes take their next turn together, in one backend call.
 
@@ -279,7 +279,7 @@ def _verify(r: _Run) -> Reward:
     killed, so a verifier past its time is left to finish on its own and closes the episode when it
     does: closing it under the verifier could return a sandbox still in use to the pool."""
     timeout = r.job.verify_timeout_s
-    if r.job.verifier is not None:  # a process of its own, killed at the timeout
+    if r.job.verifier is not None:  # a process or actor of its own, killed at the timeout
         return r.job.verifier.verify(r.job.task, r.messages, timeout)
     if timeout is None:
         return r.job.episode.verify(r.messages)

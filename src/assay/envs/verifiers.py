@@ -15,7 +15,7 @@ import os
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from assay.core.errors import AssayError
 from assay.core.types import Message, Observation, Reward, Task, ToolCall
@@ -23,6 +23,12 @@ from assay.envs.base import Environment, Episode
 from assay.envs.episode import close_episode, start_episode
 
 READY_WAIT_S = 120.0  # a verifier process's start-up: imports and its environments unpickled
+
+
+class VerifierPool(Protocol):
+    """Where episodes are verified away from the rollout: `VerifierProcesses`, or Ray's verifier actors."""
+
+    def verify(self, task: Task, messages: list[Message], timeout_s: float | None = None) -> Reward: ...
 
 
 def verifies_anywhere(env: Environment) -> bool:
@@ -44,7 +50,7 @@ class VerifiedElsewhere:
         raise AssayError("this episode is verified in a verifier process")
 
 
-def acting_episode(env: Environment, task: Task, pool: VerifierProcesses | None) -> Episode:
+def acting_episode(env: Environment, task: Task, pool: VerifierPool | None) -> Episode:
     """The episode the rollout acts on: the environment's own, except for a tool-less one whose
     verification goes to `pool`, which needs none here."""
     return VerifiedElsewhere() if pool is not None and not env.tools else start_episode(env, task)

@@ -27,20 +27,21 @@ from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
+from assay.envs.verifiers import VerifierPool, shared_verifiers
 from assay.rollout.base import with_prefix_hit_rate
 
 POLL_S = 0.5  # how often a waiting trainer checks that the worker is still alive
 
 
 def rollout_tasks(cfg: Config, backend: Any, tokenizer: Any, envs: dict[str, Environment], tasks: Sequence[Task],
-                  step: int, attempt: int, first: int = 0, verifier_pool: Any = None) -> list[Trajectory]:
+                  step: int, attempt: int, first: int = 0,
+                  verifier_pool: VerifierPool | None = None) -> list[Trajectory]:
     """One rollout of a step's tasks (attempt 0, or a refill): the GRPO groups, verified and shaped.
     The pipeline and the workers all call this, so where it runs cannot change what it samples.
     `first`: the position of `tasks` in the step's batch when it is split over several workers.
     `verifier_pool`: verifier actors (none: this process's `rollout.verifier_processes`, if any)."""
     from assay.agent.groups import collect
     from assay.envs.rewards import shape_rewards
-    from assay.envs.verifiers import shared_verifiers
 
     r, domains = cfg.rollout, {d.name: d for d in cfg.domains}
     trajs = collect(backend, tokenizer, envs, domains, tasks, samples=None, temperature=r.temperature, top_p=r.top_p,
