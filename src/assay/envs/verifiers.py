@@ -196,7 +196,7 @@ class VerifierProcesses:
             v.conn.close()
 
 
-_pools: dict[int, tuple[dict[str, Environment], VerifierProcesses]] = {}
+_pools: dict[int, VerifierProcesses] = {}  # by id of the environments' dict, which the pool holds (the id stays unique)
 _pools_lock = threading.Lock()
 
 
@@ -206,21 +206,21 @@ def shared_verifiers(envs: dict[str, Environment], n: int) -> VerifierProcesses 
     if n == 0 or not any(verifies_anywhere(e) for e in envs.values()):
         return None
     with _pools_lock:
-        held = _pools.get(id(envs))
-        if held is None or held[1].closed or held[1].n != n:
-            if held is not None:
-                held[1].close()
-            held = _pools[id(envs)] = (envs, VerifierProcesses(envs, n))  # the dict kept: its id stays unique
-        return held[1]
+        pool = _pools.get(id(envs))
+        if pool is None or pool.closed or pool.n != n:
+            if pool is not None:
+                pool.close()
+            pool = _pools[id(envs)] = VerifierProcesses(envs, n)
+        return pool
 
 
 def close_shared_verifiers(envs: dict[str, Environment] | None = None) -> None:
     """Close the pool for these environments (a run that ends), or every pool (at exit)."""
     with _pools_lock:
         for key in [id(envs)] if envs is not None else list(_pools):
-            held = _pools.pop(key, None)
-            if held is not None:
-                held[1].close()
+            pool = _pools.pop(key, None)
+            if pool is not None:
+                pool.close()
 
 
 atexit.register(close_shared_verifiers)

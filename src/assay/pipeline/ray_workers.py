@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +176,7 @@ class RayRollout:
         self.slots: list[tuple[Any, int]] = []  # each actor's bundle: (placement group, index)
         self.vacant: list[tuple[Any, int]] = []  # bundles reserved in a group that holds no actor now
         self.groups: list[Any] = []  # the placement groups made, each removed once none of its bundles holds an actor
-        self.refused: tuple[str, int] | None = None  # the scale file (text, mtime) whose width could not be placed
-        self.refused_verifiers: tuple[str, int] | None = None  # the same for the verifier scale file
+        self.refused: dict[str, tuple[str, int]] = {}  # scale file -> its (text, mtime) whose width could not be placed
         self.closed = False
         self.updates: list[tuple[Any, int, Any]] = []  # weight loads not yet checked: (result, version, actor)
         self.verifiers: RayVerifiers | None = None
@@ -325,44 +324,36 @@ class RayRollout:
         self._release(stopped)
         self._placed()
 
-    def _follow_verifier_file(self) -> None:
-        """`assay scale runs/NAME --verifier-workers N` writes the number of verifier actors wanted; a
-        number the cluster cannot start is refused once (the run goes on with the verifiers it has)."""
-        path = self.run_dir / VERIFIER_SCALE_FILE
-        try:
-            asked = (text := path.read_text().strip()), path.stat().st_mtime_ns
-        except FileNotFoundError:
-            return
-        if not text.isdigit() or self.verifiers is None or asked == self.refused_verifiers:
-            return
-        if int(text) != len(self.verifiers.actors):
-            try:
-                self.verifiers.resize(int(text))
-            except AssayError as e:
-                self.totals["verifier_resize_refused"] = int(text)
-                self.refused_verifiers = asked
-                log.warning("verifier workers: %d refused (%s); the run goes on with %d", int(text), e,
-                            len(self.verifiers.actors))
-            self.totals["verifiers_resized_to"] = len(self.verifiers.actors)
-
     def _follow_scale_file(self) -> None:
-        """`assay scale runs/NAME N` writes the width the run should have; it is read before each rollout."""
-        self._follow_verifier_file()
-        path = self.run_dir / SCALE_FILE
+        """`assay scale` writes the widths the run should have, read before each rollout: its verifier
+        actors (`--verifier-workers`, 0 hands verification back to the rollout actors) and its rollout
+        actors (`--rollout-workers`)."""
+        if self.verifiers is not None:
+            v = self.verifiers
+            self._follow(VERIFIER_SCALE_FILE, 0, lambda: len(v.actors), v.resize, "verifier workers",
+                         "verifier_resize_refused", "verifiers_resized_to")
+        self._follow(SCALE_FILE, 1, lambda: len(self.actors), self.resize, "rollout workers", "resize_refused",
+                     "resized_to")
+
+    def _follow(self, name: str, least: int, width: Callable[[], int], resize: Callable[[int], None], what: str,
+                refused_key: str, resized_key: str) -> None:
+        """Resize to the width in runs/NAME/`name` when it differs from `width()`. A file being written, or
+        nonsense, leaves the width as it is (assay scale checks what it writes); a width the cluster cannot
+        place is refused and not tried again until the file is rewritten, and the run goes on."""
+        path = self.run_dir / name
         try:
             asked = (text := path.read_text().strip()), path.stat().st_mtime_ns
         except FileNotFoundError:
             return
-        if not text.isdigit() or int(text) < 1:
-            return  # a file being written, or nonsense: the width stays (assay scale checks what it writes)
-        if int(text) != len(self.actors) and asked != self.refused:  # a refused width is retried once rewritten
-            try:
-                self.resize(int(text))
-            except AssayError as e:  # more than the cluster can place: the run goes on at the width it has
-                self.totals["resize_refused"] = int(text)
-                self.refused = asked
-                log.warning("rollout workers: %d refused (%s); the run goes on with %d", int(text), e, len(self.actors))
-            self.totals["resized_to"] = len(self.actors)
+        if not text.isdigit() or int(text) < least or int(text) == width() or asked == self.refused.get(name):
+            return
+        try:
+            resize(int(text))
+        except AssayError as e:  # more than the cluster can place
+            self.totals[refused_key] = int(text)
+            self.refused[name] = asked
+            log.warning("%s: %d refused (%s); the run goes on with %d", what, int(text), e, width())
+        self.totals[resized_key] = width()
 
     def rollout(self, tasks: Sequence[Task], step: int, attempt: int) -> list[Trajectory]:
         if self.verifiers and (lost := self.verifiers.prune()):
