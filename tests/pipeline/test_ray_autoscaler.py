@@ -5,7 +5,6 @@ one; every group of every step is trained once."""
 
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -14,12 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
+from ray_checks import assert_each_group_once, use_a_token
 
 from assay.core.config import load_config
-from assay.core.storage import trajectory_shards
-from assay.pipeline import ray_workers
 from assay.pipeline.async_pipeline import make_pipeline
 from assay.pipeline.ray_workers import request_scale
 
@@ -27,7 +24,6 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.autoscaler._private.fake_multi_node.node_provider")
 pytestmark = pytest.mark.slow  # a cluster whose nodes start on demand: `make test-slow` (CI runs it)
 
-GROUP_SIZE = {"arith": 2, "agent": 2, "no_e": 4}  # the tiny config's domains
 
 
 def _cluster_config(gcs_address: str, max_nodes: int) -> dict:
@@ -72,10 +68,7 @@ def _cpu_nodes() -> int:
 def autoscaling(monkeypatch):
     temp = tempfile.mkdtemp(prefix="assay-ras-")  # short: Ray's Unix socket paths are capped
     monkeypatch.setenv("RAY_TMPDIR", temp)
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # the cluster listens on every interface: see require_token_auth
-    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    ray_workers.require_token_auth()
+    use_a_token(monkeypatch)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -123,7 +116,4 @@ def test_the_autoscaler_starts_nodes_for_the_rollout_actors(tiny_config, tmp_pat
     assert [r["rollout/resized_to"] for r in log if "rollout/resized_to" in r] == [2]
     assert [r["rollout/placement_nodes"] for r in log if "rollout/placement_nodes" in r][-1] == 2
     assert not any("rollout/resize_refused" in r for r in log)
-    live = pd.concat(pd.read_parquet(s) for s in trajectory_shards(run_dir / "trajectories"))
-    for step_, rows in live.groupby("step"):  # each step's 3 groups once, each whole
-        sizes = rows.groupby(["group_id", "domain"]).size()
-        assert len(sizes) == 3 and all(n == GROUP_SIZE[d] for (_, d), n in sizes.items()), (step_, sizes)
+    assert_each_group_once(run_dir)

@@ -6,17 +6,15 @@ the remaining node when it has room for a replacement, and with one actor fewer 
 import faulthandler
 import json
 import os
-import secrets
 import shutil
 import tempfile
 import time
 
-import pandas as pd
 import pytest
+from ray_checks import assert_each_group_once, use_a_token
 
 from assay.core.config import load_config
 from assay.core.errors import AssayError
-from assay.core.storage import trajectory_shards
 from assay.pipeline import ray_workers
 from assay.pipeline.async_pipeline import make_pipeline
 
@@ -27,16 +25,12 @@ pytestmark = pytest.mark.slow  # a multi-node cluster per test: `make test-slow`
 RAY = ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.workers=ray", "train.max_refill_rounds=0",
        "train.checkpoint_every=6", "pipeline.ray.rollout_workers=2", "pipeline.ray.rollout_cpus=1",
        "pipeline.ray.placement=spread"]
-GROUP_SIZE = {"arith": 2, "agent": 2, "no_e": 4}  # the tiny config's domains
 
 
 @pytest.fixture
 def two_nodes(monkeypatch):
     """A head node with `head_cpus` CPUs and a second node with one; torn down after the test."""
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # the nodes listen on every interface: see require_token_auth
-    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
-    ray_workers.require_token_auth()  # this process's Ray reads the token anew (an earlier run's is cached)
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    use_a_token(monkeypatch)
     made: list = []
 
     def start(head_cpus: int, head_resources: dict | None = None, second_resources: dict | None = None):
@@ -86,10 +80,7 @@ def _run_losing_the_node(tiny_config, tmp_path, cluster, second, name):
     log = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
     assert log[0]["rollout/placement_bundles"] == 2 and log[0]["rollout/placement_nodes"] == 2
-    live = pd.concat(pd.read_parquet(s) for s in trajectory_shards(tmp_path / name / "trajectories"))
-    for step_, rows in live.groupby("step"):  # each step's 3 groups once, each whole (no part lost or doubled)
-        sizes = rows.groupby(["group_id", "domain"]).size()
-        assert len(sizes) == 3 and all(n == GROUP_SIZE[d] for (_, d), n in sizes.items()), (step_, sizes)
+    assert_each_group_once(tmp_path / name)
     return log
 
 

@@ -13,6 +13,7 @@ import signal
 import pandas as pd
 import pytest
 import torch
+from ray_checks import assert_each_group_once
 from safetensors.torch import load_file
 
 from assay.core.config import load_config
@@ -77,11 +78,7 @@ def test_a_run_scaled_to_two_actors_splits_each_step_and_replaces_a_killed_one(t
     # actor's replacement took its bundle
     assert [r["rollout/placement_bundles"] for r in log if "rollout/placement_bundles" in r] == [1, 2, 2]
     assert sum(r.get("rollout/worker_restarts", 0) for r in log) == 1
-    live = pd.concat(pd.read_parquet(s) for s in trajectory_shards(tmp_path / "ray2" / "trajectories"))
-    group_size = {"arith": 2, "agent": 2, "no_e": 4}  # the tiny config's domains
-    for step, rows in live.groupby("step"):  # each step's 3 groups once, each whole (no part lost or doubled)
-        sizes = rows.groupby(["group_id", "domain"]).size()
-        assert len(sizes) == 3 and all(n == group_size[d] for (_, d), n in sizes.items()), (step, sizes)
+    assert_each_group_once(tmp_path / "ray2")
 
 
 def test_scaling_a_run_that_is_not_on_ray_is_refused(tiny_config, tmp_path):
