@@ -449,6 +449,16 @@ def bench_sandbox(seconds: Annotated[float, typer.Option(help="measuring time pe
     print(run_sandbox_bench(seconds=seconds))
 
 
+@bench_app.command("verify")
+def bench_verify(candidates: Annotated[int, typer.Option(help="codegen candidates per round, half of them wrong")] = 256,
+                 threads: Annotated[int, typer.Option(help="verifying threads, as rollout.verifiers")] = 16,
+                 rounds: Annotated[int, typer.Option(help="rounds of both modes, alternated")] = 3) -> None:
+    """Codegen verification: a sandboxed run per candidate beside candidates graded together."""
+    from assay.bench.verify import run_verify_bench
+
+    print(run_verify_bench(candidates, threads, rounds))
+
+
 @bench_app.command("rollout")
 def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, the same for every backend")] = "float32",
                   threads: Annotated[int, typer.Option(help="torch threads in every process (0: torch's default)")] = 0,

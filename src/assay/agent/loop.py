@@ -37,7 +37,7 @@ from assay.envs.episode import close_episode, close_episodes, step_episode
 from assay.envs.verifiers import VerifierPool
 from assay.rollout.base import GenRequest, GenResult, OnlineBackend, RolloutBackend, SamplingParams
 
-VERIFY_WORKERS = 4  # episodes verified at once (a codegen verification is a sandboxed run): rollout.verifiers
+VERIFY_WORKERS = 16  # episodes verified at once (rollout.verifiers): codegen grades those waiting in one run
 TOOL_WORKERS = 4  # tool calls run at once while the engine generates (online loop)
 
 

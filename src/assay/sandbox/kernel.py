@@ -36,7 +36,7 @@ _SYSCALLS = {
                    syslog=103, quotactl=179, quotactl_fd=443, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
                    move_mount=429, open_tree=428, mount_setattr=442, clone=56, clone3=435, kcmp=312,
                    lookup_dcookie=212, vhangup=153, uselib=134, capset=126, socket=41, socketpair=53,
-                   io_uring_setup=425, io_uring_enter=426, io_uring_register=427),
+                   io_uring_setup=425, io_uring_enter=426, io_uring_register=427, mq_open=240),
     "aarch64": dict(mount=40, umount2=39, pivot_root=41, chroot=51, ptrace=117, process_vm_readv=270,
                     process_vm_writev=271, init_module=105, finit_module=273, delete_module=106, kexec_load=104,
                     kexec_file_load=294, add_key=217, request_key=218, keyctl=219, bpf=280, reboot=142, swapon=224,
@@ -46,7 +46,7 @@ _SYSCALLS = {
                     quotactl_fd=443, fsopen=430, fsconfig=431, fsmount=432, fspick=433, move_mount=429,
                     open_tree=428, mount_setattr=442, clone=220, clone3=435, kcmp=272, lookup_dcookie=18,
                     vhangup=58, capset=91, socket=198, socketpair=199, io_uring_setup=425,
-                    io_uring_enter=426, io_uring_register=427),
+                    io_uring_enter=426, io_uring_register=427, mq_open=180),
 }
 ARCH = platform.machine()
 SYSCALLS: dict[str, int] = _SYSCALLS.get(ARCH, {})

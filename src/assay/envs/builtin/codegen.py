@@ -15,9 +15,9 @@ from typing import Any
 
 from assay.core.types import Message, Observation, Reward, Task, ToolCall, ToolSpec
 from assay.envs.builtin._common import check_difficulty, draw_seed, last_assistant, task_id, task_rng
-from assay.envs.builtin._pyjudge import extract_code, judge
+from assay.envs.builtin._pyjudge import Candidate, extract_code, judge_joined
 from assay.envs.registry import env_hash, register
-from assay.sandbox import Limits, open_sandbox
+from assay.sandbox import Limits
 from assay.sandbox.base import Sandbox
 
 Inputs = Callable[[random.Random], list[Any]]
@@ -156,22 +156,19 @@ class CodegenEpisode:
 
     def verify(self, final: list[Message]) -> Reward:
         msg = last_assistant(final)
-        code = extract_code(msg.content) if msg is not None else ""
         tests = self.task.payload["tests"]
-        inputs, expected = [t[0] for t in tests], [t[1] for t in tests]
-        if self.sandbox is not None:
-            return judge(code, inputs, expected, self.sandbox, self.limits.timeout_s)
-        sandbox = open_sandbox(self.limits)  # one per verification: nothing carries over between candidates
-        try:
-            return judge(code, inputs, expected, sandbox, self.limits.timeout_s)
-        finally:
-            sandbox.close()
+        candidate = Candidate(extract_code(msg.content) if msg is not None else "", [t[0] for t in tests],
+                              [t[1] for t in tests])
+        # Graded with what other threads verify meanwhile, in one sandboxed run; without a sandbox of its own,
+        # in one opened for it (nothing carries over between candidates either way).
+        return judge_joined(candidate, self.sandbox, self.limits)
 
 
 @register
 class CodegenEnv:
     name = "codegen"
-    version = "3"
+    version = "4"  # 4: graded in batches, a warm harness forking per candidate; 3's verdicts and 3's tasks
+    task_stream = "codegen@3"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "code"
     qa_kind = "code"
     difficulties = (1, 2, 3, 4)
@@ -187,7 +184,7 @@ class CodegenEnv:
         check_difficulty(self.name, difficulty, self.difficulties)
         spec = f"{self.name}@{self.version}"
         seed = draw_seed(rng)
-        local = task_rng(spec, difficulty, seed)
+        local = task_rng(self.task_stream, difficulty, seed)
         key = local.choice(sorted(FAMILIES[difficulty]))
         family = FAMILIES[difficulty][key]
         params = family.params(local)
@@ -202,7 +199,7 @@ class CodegenEnv:
                  f"Example: {example}"
         tests = [[a, o] for a, o in zip(inputs[1:], outputs[1:], strict=True)]
         payload = {"family": key, "params": params, "code": code, "tests": tests}
-        return Task(env=spec, task_id=task_id(spec, difficulty, [prompt, tests]),
+        return Task(env=spec, task_id=task_id(self.task_stream, difficulty, [prompt, tests]),
                     difficulty=difficulty, prompt=[Message("user", prompt)], payload=payload, seed=seed,
                     env_hash=env_hash(self))
 

@@ -412,7 +412,8 @@ class TerminalEpisode:
 @register
 class TerminalEnv:
     name = "terminal"
-    version = "3"
+    version = "4"  # 4: only the shared _pyjudge changed (codegen's batches); 3's verdicts and 3's tasks
+    task_stream = "terminal@3"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "terminal"
     qa_kind = "terminal"
     tools: tuple[ToolSpec, ...] = (BASH,)
@@ -445,12 +446,12 @@ class TerminalEnv:
             return self._generate_dir(rng, difficulty, spec)
         check_difficulty(self.name, difficulty, self.difficulties)
         seed = draw_seed(rng)
-        local = task_rng(spec, difficulty, seed)
+        local = task_rng(self.task_stream, difficulty, seed)
         family = local.choice(sorted(FAMILIES))
         g = FAMILIES[family](local, difficulty)
         payload = {"family": family, "files": g.files, "executable": [], "check": g.check,
                    "solution": g.solution, "summary": g.summary}
-        return Task(env=spec, task_id=task_id(spec, difficulty, [family, g.files, g.check]),
+        return Task(env=spec, task_id=task_id(self.task_stream, difficulty, [family, g.files, g.check]),
                     difficulty=difficulty, prompt=[Message("system", SYSTEM), Message("user", g.instruction)],
                     tools=list(self.tools), payload=payload, seed=seed, env_hash=env_hash(self))
 
@@ -460,12 +461,12 @@ class TerminalEnv:
         level = min(self.by_level, key=lambda lv: (abs(lv - difficulty), lv))
         seed = draw_seed(rng)
         pool = self.by_level[level]
-        t = pool[task_rng(spec, level, seed).randrange(len(pool))]
+        t = pool[task_rng(self.task_stream, level, seed).randrange(len(pool))]
         payload = {"family": "dir", "name": t.name, "files": t.files, "executable": t.executable,
                    "check": {"verify": t.verify}, "solution": [{"command": c} for c in t.solution],
                    "summary": "Done.", "level": level}
         # Labelled with the requested difficulty, as jsonl does, so a curriculum sees what it asked for.
-        return Task(env=spec, task_id=task_id(spec, level, [self._fingerprint[:12], t.name]),
+        return Task(env=spec, task_id=task_id(self.task_stream, level, [self._fingerprint[:12], t.name]),
                     difficulty=difficulty, prompt=[Message("system", SYSTEM), Message("user", t.instruction)],
                     tools=list(self.tools), payload=payload, seed=seed, env_hash=env_hash(self))
 
