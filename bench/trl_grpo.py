@@ -20,6 +20,7 @@ import json
 import random
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ from assay.envs.registry import get_env
 from assay.envs.split import draw_task
 from assay.eval.evaluate import evaluate
 from assay.rollout.factory import make_backend
+
+VERIFIERS = RolloutConfig().verifiers
 
 DOMAIN = "codegen"
 
@@ -63,7 +66,10 @@ def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tupl
 
     def reward(prompts: list, completions: list, index: list[int], **_: Any) -> list[float]:
         t0 = time.perf_counter()
-        scores = [verify(tasks[i], c[0]["content"]) for c, i in zip(completions, index, strict=True)]
+        # On as many threads as Assay's rollout.verifiers, so TRL's batch is graded in shared sandboxed runs too.
+        with ThreadPoolExecutor(VERIFIERS) as pool:
+            scores = list(pool.map(lambda ci: verify(tasks[ci[1]], ci[0][0]["content"]), zip(completions, index,
+                                                                                              strict=True)))
         reward_s[0] += time.perf_counter() - t0
         return scores
 
