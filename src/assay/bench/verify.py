@@ -21,8 +21,8 @@ from assay.sandbox.pool import LeasedSandbox, shared_pool
 
 
 def candidates(n: int, seed: int = 0) -> list[Candidate]:
-    """Reference solutions of every level, every other one made wrong (the constant it adds or scales by, off
-    by one), so half pass."""
+    """Reference solutions of every level, every other one made wrong (its value plus one, a TypeError where
+    that is no number), so half pass."""
     env = get_env("codegen")
     rng = random.Random(seed)
     out = []
