@@ -180,3 +180,54 @@ def test_kernel_matches_the_gather_path_at_its_specialized_head_sizes(dim):
     want, want_lse = attention._attend_gathered(q, k, v, tables, lengths)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)
+
+
+# -- the GEMM of a decode step's few rows ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("layout", [False, "sliced"])
+def test_skinny_linear_matches_f_linear_at_every_row_count(with_bias, layout):
+    g = torch.Generator().manual_seed(3)
+    N, K = 77, 45  # neither a multiple of a panel nor of a vector
+    w, b = torch.randn(N, K, generator=g), torch.randn(N, generator=g) if with_bias else None
+    panels = cpu_kernel.pack_panels(w)
+    assert panels.shape[1] == K and panels.shape[0] * panels.shape[2] >= N
+    for M in range(1, cpu_kernel.skinny_rows() + 1):
+        x = activation(M, K, layout, g)
+        torch.testing.assert_close(cpu_kernel.skinny_linear(x, panels, b, N), torch.nn.functional.linear(x, w, b),
+                                   atol=1e-4, rtol=1e-5)
+
+
+def test_skinny_linear_refuses_what_it_cannot_compute():
+    w = torch.randn(40, 16)
+    panels = cpu_kernel.pack_panels(w)
+    for x in (torch.randn(cpu_kernel.skinny_rows() + 1, 16), torch.randn(0, 16), torch.randn(2, 15),
+              torch.randn(16, 2).t()):
+        with pytest.raises(ValueError, match="skinny_linear"):
+            cpu_kernel.skinny_linear(x, panels, None, 40)
+    with pytest.raises(ValueError, match="bias"):
+        cpu_kernel.skinny_linear(torch.randn(1, 16), panels, torch.randn(39), 40)
+
+
+def test_packed_weights_give_f_linear_on_either_side_of_the_few_rows_cut():
+    """PackedWeights sends up to skinny_rows() rows to the C kernel's panels and more to oneDNN: both equal
+    F.linear, and the panels follow an in-place write to the weights."""
+    from assay.rollout.engine import onednn
+
+    if not onednn.available():
+        pytest.skip("this torch has no oneDNN")
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.randn(64, 48, generator=g), torch.randn(16, 48, generator=g)
+    bq = torch.randn(64, generator=g)
+    packs = onednn.PackedWeights()
+    for rows in (1, cpu_kernel.skinny_rows(), cpu_kernel.skinny_rows() + 1, 40):
+        x = torch.randn(rows, 48, generator=g)
+        torch.testing.assert_close(packs.linear_cat(x, (q, k), (bq, None)),
+                                   torch.nn.functional.linear(x, torch.cat([q, k]), torch.cat([bq, torch.zeros(16)])),
+                                   atol=1e-4, rtol=1e-5)
+    k.mul_(-2.0)  # as an optimizer step writes a parameter: the next call packs again
+    x = torch.randn(1, 48, generator=g)
+    torch.testing.assert_close(packs.linear_cat(x, (q, k), (bq, None)),
+                               torch.nn.functional.linear(x, torch.cat([q, k]), torch.cat([bq, torch.zeros(16)])),
+                               atol=1e-4, rtol=1e-5)

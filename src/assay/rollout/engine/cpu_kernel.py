@@ -39,6 +39,9 @@ _SIGNATURES = {  # name: (argument types, result type)
     "add_rms_norm_f32": ([_P] * 5 + [_I] * 6 + [_F, _INT], None),
     "silu_mul_f32": ([_P] * 5 + [_I] * 5 + [_INT, _INT], None),
     "qkv_rope_f32": ([_P, _I, _I] * 3 + [_P] * 10 + [_I] * 6 + [_INT], _INT),
+    "skinny_linear_f32": ([_P, _I, _P, _P, _P, _I, _I, _I, _INT], _INT),
+    "skinny_panel_f32": ([], _INT),
+    "skinny_rows_f32": ([], _INT),
 }
 
 
@@ -204,6 +207,42 @@ def qkv_rope(q: Tensor, k: Tensor, v: Tensor, biases: tuple[Tensor | None, Tenso
     if rc != 0:
         raise ValueError("qkv_rope: a position is outside the rotary tables or a slot outside the cache")
     return out
+
+
+# -- the GEMM of a decode step's few rows ------------------------------------------------------------
+
+
+def skinny_rows() -> int:
+    """The most rows `skinny_linear` takes in this build (0 without the C kernels): 8 with AVX-512,
+    2 without, where its broadcasts run out of registers beyond that and oneDNN is faster (R7)."""
+    lib = _library()
+    return lib.skinny_rows_f32() if lib is not None else 0
+
+
+def pack_panels(weight: Tensor) -> Tensor:
+    """weight [N, K] -> [panels, K, P]: P output features side by side per row of K, zeros past N (P is
+    the build's panel width), the layout `skinny_linear` streams."""
+    N, K = weight.shape
+    P = _library().skinny_panel_f32()
+    padded = torch.zeros((-(-N // P) * P, K), dtype=weight.dtype)
+    padded[:N] = weight
+    return padded.view(-1, P, K).transpose(1, 2).contiguous()
+
+
+def skinny_linear(x: Tensor, panels: Tensor, bias: Tensor | None, n: int) -> Tensor:
+    """x @ weight.T + bias -> [M, n] token-major, for M <= `skinny_rows()` rows of x [M, K] (rows may
+    be strided), on weight packed by `pack_panels`."""
+    M, K = x.shape
+    if not (1 <= M <= skinny_rows()) or x.stride(1) != 1 or panels.shape[1] != K or n > panels.shape[0] * panels.shape[2]:
+        raise ValueError(f"skinny_linear: {M} rows of {K} do not fit panels {tuple(panels.shape)} for {n} features "
+                         f"(at most {skinny_rows()} rows, each contiguous)")
+    if x.dtype != torch.float32 or panels.dtype != torch.float32 or not panels.is_contiguous():
+        raise ValueError("skinny_linear: float32 input and contiguous float32 panels expected")
+    _check_vector("skinny_linear", n, bias)
+    y = torch.empty((M, n), dtype=x.dtype)
+    _library().skinny_linear_f32(x.data_ptr(), x.stride(0), panels.data_ptr(), _ptr(bias), y.data_ptr(), M, n, K,
+                                 torch.get_num_threads())
+    return y
 
 
 @functools.cache

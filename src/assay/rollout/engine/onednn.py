@@ -1,18 +1,24 @@
-"""The engine's CPU GEMMs through oneDNN, on weights prepacked into its blocked layout.
+"""The engine's float32 CPU GEMMs on prepacked weights: oneDNN's blocked layout, and for a decode step's
+few rows the C kernel's panels (`cpu_kernel.skinny_linear`).
 
 On some CPUs MKL's sgemm (what `torch.mm` calls) takes a generic path: on the development machine's
 AMD EPYC (Zen 5, AVX-512) it ran 80-90 GFLOP/s a core where oneDNN's prepacked kernels ran 150-210 at
 the engine's shapes (docs/experiments.md R4). A packed copy is made once per weight and made again
 whenever the weight changed: torch bumps a tensor's version counter on every in-place write (an
-optimizer step, `copy_weights`), so the engine still runs whatever the model's parameters hold."""
+optimizer step, `copy_weights`), so the engine still runs whatever the model's parameters hold.
+At a few rows oneDNN streamed the weights at about half the rate the machine reads memory; the C
+kernel reaches it (R7), for one more copy of the weights."""
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from assay.rollout.engine import cpu_kernel
 
 
 @functools.cache
@@ -37,15 +43,26 @@ def _linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+@dataclass
+class _Pack:
+    stamp: tuple  # the (version, address) of each weight and bias it was made from
+    onednn: Tensor  # oneDNN's blocked layout, for many rows
+    bias: Tensor | None  # the biases joined (zeros where one is missing)
+    rows: int  # output features
+    panels: Tensor | None = None  # the C kernel's layout, for a decode step's few rows; made on first use
+
+
 class PackedWeights:
     """x @ weight.T + bias on a packed copy of each weight, kept current with the weight. `linear_cat`
     runs several projections of one input (q, k and v; gate and up) as one GEMM on their weights packed
     side by side: at a decode step's few rows a GEMM is bound by reading its weight, and one wide GEMM
-    streams it faster than three narrow ones (docs/experiments.md R5)."""
+    streams it faster than three narrow ones (docs/experiments.md R5). Up to `cpu_kernel.skinny_rows()`
+    rows run on the C kernel's panels instead, which stream a weight faster than oneDNN does at so few
+    rows (R7); that copy is made the first time a weight meets so few rows."""
 
     def __init__(self) -> None:
-        # key (ids of the weights and biases) -> (their (version, address) stamps, packed weight, joined bias)
-        self._packs: dict[tuple[int, ...], tuple[tuple, Tensor, Tensor | None]] = {}
+        self._packs: dict[tuple[int, ...], _Pack] = {}  # key: ids of the weights and biases
+        self.skinny_rows = cpu_kernel.skinny_rows()
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return self.linear_cat(x, (weight,), (bias,))
@@ -55,10 +72,15 @@ class PackedWeights:
         tensors = weights + tuple(b for b in biases if b is not None)
         key = tuple(id(t) for t in tensors)
         stamp = tuple((t._version, t.data_ptr()) for t in tensors)
-        entry = self._packs.get(key)
-        if entry is None or entry[0] != stamp:
-            entry = self._packs[key] = (stamp, _pack(_join(weights)), _joined_bias(weights, biases))
-        return _linear(x.contiguous(), entry[1], entry[2])
+        pack = self._packs.get(key)
+        if pack is None or pack.stamp != stamp:
+            joined = _join(weights)
+            pack = self._packs[key] = _Pack(stamp, _pack(joined), _joined_bias(weights, biases), joined.shape[0])
+        if 0 < x.shape[0] <= self.skinny_rows and x.stride(-1) == 1:
+            if pack.panels is None:
+                pack.panels = cpu_kernel.pack_panels(_join(weights))
+            return cpu_kernel.skinny_linear(x, pack.panels, pack.bias, pack.rows)
+        return _linear(x.contiguous(), pack.onednn, pack.bias)
 
 
 def _join(weights: tuple[Tensor, ...]) -> Tensor:
