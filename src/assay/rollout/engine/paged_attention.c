@@ -79,6 +79,14 @@ static void key_offsets(const int64_t *table, int64_t n, int64_t bs, int64_t Hkv
     }
 }
 
+/* Keys and values sit in blocks scattered over the cache, where the hardware prefetcher does not follow:
+ * each head vector is requested this many keys before it is used. */
+#define PREFETCH_KEYS 8
+static inline void prefetch_head(const float *p, int64_t D)
+{
+    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(p + d);
+}
+
 /* One (row, KV head) with a fixed head dimension DIM (a multiple of 8); the values are read once per
  * pair of queries. */
 #define ROW_KERNEL(DIM)                                                                                    \
@@ -90,6 +98,8 @@ static void key_offsets(const int64_t *table, int64_t n, int64_t bs, int64_t Hkv
         for (; t + 8 <= n; t += 8) { /* eight keys at a time: their eight sums reduce together */            \
             const float *kt[8];                                                                              \
             for (int u = 0; u < 8; u++) kt[u] = k + off[t + u] * DIM;                                        \
+            if (t + 16 <= n)                                                                                 \
+                for (int u = 0; u < 8; u++) prefetch_head(k + off[t + 8 + u] * DIM, DIM);                  \
             for (int64_t i = 0; i < nq; i++) {                                                               \
                 const float *qi = q + i * DIM;                                                               \
                 v8 acc[8];                                                                                   \
@@ -122,6 +132,7 @@ static void key_offsets(const int64_t *table, int64_t n, int64_t bs, int64_t Hkv
             for (int j = 0; j < W; j++) a0[j] = a1[j] = (v8){0};                                             \
             for (int64_t t = 0; t < n; t++) {                                                                \
                 const float *vt = v + off[t] * DIM;                                                          \
+                if (t + PREFETCH_KEYS < n) prefetch_head(v + off[t + PREFETCH_KEYS] * DIM, DIM);             \
                 const float x0 = w0[t], x1 = w1[t];                                                          \
                 for (int j = 0; j < W; j++) {                                                                \
                     const v8 val = load8(vt + 8 * j);                                                        \
