@@ -80,11 +80,17 @@ static void key_offsets(const int64_t *table, int64_t n, int64_t bs, int64_t Hkv
 }
 
 /* Keys and values sit in blocks scattered over the cache, where the hardware prefetcher does not follow:
- * each head vector is requested this many keys before it is used. */
+ * the key pass requests each key's head vector eight keys before it is used, and its value's into L2
+ * for the value pass that follows (a row's values fit there); the value pass requests PREFETCH_KEYS
+ * ahead into L1. */
 #define PREFETCH_KEYS 8
 static inline void prefetch_head(const float *p, int64_t D)
 {
     for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(p + d);
+}
+static inline void prefetch_head_l2(const float *p, int64_t D)
+{
+    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(p + d, 0, 2);
 }
 
 /* One (row, KV head) with a fixed head dimension DIM (a multiple of 8); the values are read once per
@@ -99,7 +105,10 @@ static inline void prefetch_head(const float *p, int64_t D)
             const float *kt[8];                                                                              \
             for (int u = 0; u < 8; u++) kt[u] = k + off[t + u] * DIM;                                        \
             if (t + 16 <= n)                                                                                 \
-                for (int u = 0; u < 8; u++) prefetch_head(k + off[t + 8 + u] * DIM, DIM);                  \
+                for (int u = 0; u < 8; u++) {                                                                \
+                    prefetch_head(k + off[t + 8 + u] * DIM, DIM);                                            \
+                    prefetch_head_l2(v + off[t + 8 + u] * DIM, DIM);                                         \
+                }                                                                                            \
             for (int64_t i = 0; i < nq; i++) {                                                               \
                 const float *qi = q + i * DIM;                                                               \
                 v8 acc[8];                                                                                   \
