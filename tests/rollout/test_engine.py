@@ -341,3 +341,17 @@ def test_stop_string_end_windowed_equals_scanning_whole_prefixes(tok):
             half = want // 2
             first = stop_string_end(tok, completion[:half], stops)
             assert (first or stop_string_end(tok, completion, stops, half)) == want
+
+
+def test_a_model_in_train_mode_samples_as_in_eval_mode(tok, model):
+    """The trainer leaves the policy in train mode between steps; the engine's forward calls no module, so
+    dropout never reaches it (and the engine does not switch the mode: it stays the trainer's)."""
+    import copy
+
+    policy = spread(copy.deepcopy(model))
+    policy.config.attention_dropout = 0.9  # would scramble the tokens if any module's forward ran in train mode
+    prompts = random_prompts(len(tok), 4)
+    expected = hf_greedy(policy.eval(), tok, prompts)
+    policy.train()
+    assert engine_tokens(Engine(policy, tok), prompts) == expected
+    assert policy.training
