@@ -45,11 +45,13 @@ def _linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
 
 @dataclass
 class _Pack:
+    """The packed copies of one version of some joined weights; each layout is made when first needed."""
+
     stamp: tuple  # the (version, address) of each weight and bias it was made from
-    onednn: Tensor  # oneDNN's blocked layout, for many rows
     bias: Tensor | None  # the biases joined (zeros where one is missing)
     rows: int  # output features
-    panels: Tensor | None = None  # the C kernel's layout, for a decode step's few rows; made on first use
+    onednn: Tensor | None = None  # oneDNN's blocked layout, for many rows
+    panels: Tensor | None = None  # the C kernel's layout, for a decode step's few rows
 
 
 class PackedWeights:
@@ -58,7 +60,8 @@ class PackedWeights:
     side by side: at a decode step's few rows a GEMM is bound by reading its weight, and one wide GEMM
     streams it faster than three narrow ones (docs/experiments.md R5). Up to `cpu_kernel.skinny_rows()`
     rows run on the C kernel's panels instead, which stream a weight faster than oneDNN does at so few
-    rows (R7); that copy is made the first time a weight meets so few rows."""
+    rows (R7). Each layout is made the first time a version of the weights meets its row count, so the
+weights are joined once per layout, and a layout no call needs is never made."""
 
     def __init__(self) -> None:
         self._packs: dict[tuple[int, ...], _Pack] = {}  # key: ids of the weights and biases
@@ -74,12 +77,13 @@ class PackedWeights:
         stamp = tuple((t._version, t.data_ptr()) for t in tensors)
         pack = self._packs.get(key)
         if pack is None or pack.stamp != stamp:
-            joined = _join(weights)
-            pack = self._packs[key] = _Pack(stamp, _pack(joined), _joined_bias(weights, biases), joined.shape[0])
+            pack = self._packs[key] = _Pack(stamp, _joined_bias(weights, biases), sum(w.shape[0] for w in weights))
         if 0 < x.shape[0] <= self.skinny_rows and x.stride(-1) == 1:
             if pack.panels is None:
                 pack.panels = cpu_kernel.pack_panels(_join(weights))
             return cpu_kernel.skinny_linear(x, pack.panels, pack.bias, pack.rows)
+        if pack.onednn is None:
+            pack.onednn = _pack(_join(weights))
         return _linear(x.contiguous(), pack.onednn, pack.bias)
 
 
