@@ -82,7 +82,10 @@ static void key_offsets(const int64_t *table, int64_t n, int64_t bs, int64_t Hkv
 /* Keys and values sit in blocks scattered over the cache, where the hardware prefetcher does not follow:
  * the key pass requests each key's head vector eight keys before it is used, and its value's into L2
  * for the value pass that follows (a row's values fit there); the value pass requests PREFETCH_KEYS
- * ahead into L1. */
+ * ahead into L1. A row's KV heads run in turn on one thread, and the first head's key pass requests
+ * every head's key and value of each token into L2 (a token's heads lie side by side in the cache): so
+ * the row is read from memory as whole tokens, contiguous within a block, instead of as one head's
+ * 256-byte pieces a token apart, and the later heads find their vectors in L2 (docs/experiments.md R8). */
 #define PREFETCH_KEYS 8
 static inline void prefetch_head(const float *p, int64_t D)
 {
@@ -94,10 +97,12 @@ static inline void prefetch_head_l2(const float *p, int64_t D)
 }
 
 /* One (row, KV head) with a fixed head dimension DIM (a multiple of 8); the values are read once per
- * pair of queries. */
+ * pair of queries. `token` > 0: also request each key's whole token, `token` floats from its head h's
+ * vector back by h heads, into L2 (the first head of a row). */
 #define ROW_KERNEL(DIM)                                                                                    \
     static void row_##DIM(const float *q, const float *k, const float *v, const int64_t *off, int64_t n,  \
-                          float *o, float *lse, float *s, int64_t nq, float scale)                          \
+                          float *o, float *lse, float *s, int64_t nq, float scale, int64_t token,           \
+                          int64_t h)                                                                         \
     {                                                                                                        \
         enum { W = DIM / 8 };                                                                                \
         int64_t t = 0;                                                                                       \
@@ -106,8 +111,13 @@ static inline void prefetch_head_l2(const float *p, int64_t D)
             for (int u = 0; u < 8; u++) kt[u] = k + off[t + u] * DIM;                                        \
             if (t + 16 <= n)                                                                                 \
                 for (int u = 0; u < 8; u++) {                                                                \
-                    prefetch_head(k + off[t + 8 + u] * DIM, DIM);                                            \
-                    prefetch_head_l2(v + off[t + 8 + u] * DIM, DIM);                                         \
+                    const int64_t at = off[t + 8 + u] * DIM;                                                 \
+                    prefetch_head(k + at, DIM);                                                              \
+                    if (token) {                                                                             \
+                        prefetch_head_l2(k + at - h * DIM, token);                                           \
+                        prefetch_head_l2(v + at - h * DIM, token);                                           \
+                    } else                                                                                   \
+                        prefetch_head_l2(v + at, DIM);                                                       \
                 }                                                                                            \
             for (int64_t i = 0; i < nq; i++) {                                                               \
                 const float *qi = q + i * DIM;                                                               \
@@ -192,8 +202,8 @@ static void row_any(const float *q, const float *k, const float *v, const int64_
     }
 }
 
-/* Attention of nq queries (contiguous [nq, D]) over a row's n keys; scratch: n offsets, then room for
- * nq * n scores. */
+/* Attention of nq queries (contiguous [nq, D]) over a row's n keys for KV head h; scratch: n offsets,
+ * then room for nq * n scores. A row's heads run in turn, from h = 0. */
 static void attend_row(const float *q, const float *k, const float *v, const int64_t *table, int64_t n, float *o,
                        float *lse, int64_t *scratch, int64_t nq, int64_t Hkv, int64_t h, int64_t bs, float scale,
                        int64_t D)
@@ -201,10 +211,11 @@ static void attend_row(const float *q, const float *k, const float *v, const int
     int64_t *off = scratch;
     float *s = (float *)(scratch + n);
     key_offsets(table, n, bs, Hkv, h, off);
+    const int64_t token = h == 0 && Hkv > 1 ? Hkv * D : 0;
     if (D == 64)
-        row_64(q, k, v, off, n, o, lse, s, nq, scale);
+        row_64(q, k, v, off, n, o, lse, s, nq, scale, token, h);
     else if (D == 128)
-        row_128(q, k, v, off, n, o, lse, s, nq, scale);
+        row_128(q, k, v, off, n, o, lse, s, nq, scale, token, h);
     else
         row_any(q, k, v, off, n, o, lse, s, nq, scale, D);
 }
@@ -221,27 +232,24 @@ int paged_attention_f32(const float *q, const float *k, const float *v, const in
             if (tables[r * M + j] < 0 || tables[r * M + j] >= blocks) return -2;
     }
     int failed = 0;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(threads)
-    for (int64_t r = 0; r < R; r++) {
-        for (int64_t h = 0; h < Hkv; h++) {
-            const int64_t n = lens[r];
-            const float *qh = q + (r * Hkv + h) * nq * D;
-            float *oh = out + (r * Hkv + h) * nq * D;
-            float *lh = lse + (r * Hkv + h) * nq;
-            if (n <= 0) {
-                memset(oh, 0, sizeof(float) * nq * D);
-                for (int64_t i = 0; i < nq; i++) lh[i] = -INFINITY;
-                continue;
-            }
-            int64_t *s = malloc(sizeof(int64_t) * n + sizeof(float) * nq * n); /* key offsets; scores, then weights */
-            if (s == NULL) {
-#pragma omp atomic write
-                failed = 1;
-                continue;
-            }
-            attend_row(qh, k, v, tables + r * M, n, oh, lh, s, nq, Hkv, h, bs, scale, D);
-            free(s);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t r = 0; r < R; r++) { /* a row per task, its heads in turn (see prefetch_head) */
+        const int64_t n = lens[r];
+        if (n <= 0) {
+            memset(out + r * Hkv * nq * D, 0, sizeof(float) * Hkv * nq * D);
+            for (int64_t i = 0; i < Hkv * nq; i++) lse[r * Hkv * nq + i] = -INFINITY;
+            continue;
         }
+        int64_t *s = malloc(sizeof(int64_t) * n + sizeof(float) * nq * n); /* key offsets; scores, then weights */
+        if (s == NULL) {
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
+        for (int64_t h = 0; h < Hkv; h++)
+            attend_row(q + (r * Hkv + h) * nq * D, k, v, tables + r * M, n, out + (r * Hkv + h) * nq * D,
+                       lse + (r * Hkv + h) * nq, s, nq, Hkv, h, bs, scale, D);
+        free(s);
     }
     return failed ? -1 : 0;
 }
@@ -269,25 +277,24 @@ int paged_attention_shared_f32(const float *q, const float *k, const float *v, c
             if (members[c * G + g] >= B) return -2;
     }
     int failed = 0;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(threads)
-    for (int64_t c = 0; c < C; c++) {
-        for (int64_t h = 0; h < Hkv; h++) {
-            const int64_t n = lens[c];
-            const int64_t *mem = members + c * G;
-            int64_t real = 0;
-            for (int64_t g = 0; g < G; g++) real += mem[g] >= 0;
-            if (n <= 0 || real == 0) continue; /* no prefix keys: the own part stands */
-            const int64_t rows = real * nq, row = nq * D;
-            /* the members' queries, then the prefix part's outputs and log-sum-exps, then the scores */
-            /* scratch (key offsets and scores), then the members' queries, the prefix part's outputs and its
-             * log-sum-exps */
-            int64_t *buf = malloc(sizeof(int64_t) * n + sizeof(float) * (rows * n + 2 * rows * D + rows));
-            if (buf == NULL) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t c = 0; c < C; c++) { /* a cluster per task, its heads in turn (see prefetch_head) */
+        const int64_t n = lens[c];
+        const int64_t *mem = members + c * G;
+        int64_t real = 0;
+        for (int64_t g = 0; g < G; g++) real += mem[g] >= 0;
+        if (n <= 0 || real == 0) continue; /* no prefix keys: the own part stands */
+        const int64_t rows = real * nq, row = nq * D;
+        /* scratch (key offsets and scores), then the members' queries, the prefix part's outputs and its
+         * log-sum-exps */
+        int64_t *buf = malloc(sizeof(int64_t) * n + sizeof(float) * (rows * n + 2 * rows * D + rows));
+        if (buf == NULL) {
 #pragma omp atomic write
-                failed = 1;
-                continue;
-            }
-            float *qb = (float *)(buf + n) + rows * n, *ob = qb + rows * D, *lb = ob + rows * D;
+            failed = 1;
+            continue;
+        }
+        float *qb = (float *)(buf + n) + rows * n, *ob = qb + rows * D, *lb = ob + rows * D;
+        for (int64_t h = 0; h < Hkv; h++) {
             for (int64_t g = 0, i = 0; g < G; g++)
                 if (mem[g] >= 0) memcpy(qb + (i++) * row, q + (mem[g] * Hkv + h) * row, sizeof(float) * row);
             attend_row(qb, k, v, tables + c * M, n, ob, lb, buf, rows, Hkv, h, bs, scale, D);
@@ -309,8 +316,8 @@ int paged_attention_shared_f32(const float *q, const float *k, const float *v, c
                     lo[j] = total;
                 }
             }
-            free(buf);
         }
+        free(buf);
     }
     return failed ? -1 : 0;
 }
