@@ -328,9 +328,10 @@ int paged_attention_shared_f32(const float *q, const float *k, const float *v, c
  * along whichever axis is contiguous, so they vectorize in both layouts. */
 
 #define TOKEN_BLOCK 16 /* tokens per parallel task */
-/* Below this many elements a pass runs on the calling thread: a decode step's passes take tens of
- * microseconds, less than waking the other threads costs on a busy machine. Prefill passes split. */
-#define PARALLEL_MIN (1 << 18)
+/* Below this many elements a pass runs on the calling thread: a decode step of a few dozen rows takes
+ * tens of microseconds a pass, less than waking the other threads costs on a busy machine. Prefill
+ * passes split, and so do those of a GRPO step's hundreds of decoding rows (0.2-0.3 ms each alone). */
+#define PARALLEL_MIN (1 << 16)
 
 /* h += delta (+ bias[j]), when delta is given; then x = w * (h / sqrt(mean_j h^2 + eps)), row by row as
  * Hugging Face's RMSNorm computes it in float32. h and delta share one layout (ts, js), x has its own
