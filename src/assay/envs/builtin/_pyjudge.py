@@ -16,7 +16,8 @@ process in the sandbox's PID namespace and removes what they left: the files of 
 /workspace and SysV IPC objects (POSIX queues are refused by the filter). A candidate sees the
 sandbox as it would alone, and whatever it does to the batch (kill the parent, flood the output,
 exhaust memory) only sends the candidates it left unsettled to be graded again, the first alone: a
-verdict never depends on the batch it was graded in (tested)."""
+verdict never depends on the batch it was graded in (tested). A result line counts only from a child the
+parent saw end, so a candidate that kills the parent gets no result, however fast its orphan reports."""
 
 from __future__ import annotations
 
@@ -260,7 +261,9 @@ def _run(candidates: Sequence[Candidate], sandbox: Sandbox, timeout: float) -> l
     ran = {int(i): how for i, how in _RAN.findall(res.stderr)}
     out: list[Reward | None] = []
     for i, (c, nonce) in enumerate(zip(candidates, nonces, strict=True)):
-        report = _result_line(res.stdout, nonce, ast.literal_eval)
+        # A line counts only from a child the parent saw end: one that outlived its killed parent raced the
+        # sandbox's teardown, and its verdict would hang on that race.
+        report = _result_line(res.stdout, nonce, ast.literal_eval) if i in ran else None
         if report is not None:
             out.append(_score(c, report))
         elif alone or (res.status == EXITED and i in ran):  # it ran, in a run nobody broke, and said nothing
