@@ -4,6 +4,7 @@ of its seed."""
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -50,8 +51,6 @@ def test_staleness_one_samples_a_version_ahead_and_is_reproducible(tiny_config, 
 
 
 def test_a_failure_on_the_rollout_thread_ends_the_run_with_its_error(tiny_config, tmp_path, monkeypatch):
-    import pytest
-
     cfg = load_config(tiny_config(name="boom"), ["pipeline.mode=async", "train.max_refill_rounds=0"])
     pipeline = make_pipeline(cfg, tmp_path / "boom")
     real = pipeline._rollout
@@ -154,6 +153,7 @@ def test_a_killed_worker_process_is_replaced_and_its_request_issued_again(tiny_c
                                           for r in train]
 
 
+@pytest.mark.slow
 def test_a_hung_worker_process_is_killed_and_replaced(tiny_config, tmp_path):
     import os
     import signal

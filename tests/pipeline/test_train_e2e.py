@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -75,7 +76,7 @@ def test_resume_is_exact(tiny_config, tmp_path):
 ASYNC_PROCESS = ("pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.workers=process")
 
 
-@pytest.mark.parametrize("mode", [(), ASYNC_PROCESS], ids=["sync", "async-process"])
+@pytest.mark.parametrize("mode", [(), pytest.param(ASYNC_PROCESS, marks=pytest.mark.slow)], ids=["sync", "async-process"])
 def test_a_run_killed_between_checkpoints_resumes_with_nothing_lost_or_trained_twice(tiny_config, tmp_path, mode):
     """In async mode the checkpoint holds the batch sampled ahead of it, so the resume is exact there too."""
     straight = assay("train", tiny_config(name="straight"), *mode, "--quiet")
@@ -162,8 +163,9 @@ def test_bad_input_is_one_line_and_nonzero(tiny_config, tmp_path):
         ("train", "--resume", str(tmp_path / "runs" / "never")),
         ("eval", str(tmp_path / "no-checkpoint"), "--env", "arith"),
     ]
-    for args in cases:
-        out = assay(*args)
+    with ThreadPoolExecutor(4) as pool:  # each case is a fresh interpreter importing torch: run them side by side
+        outs = list(pool.map(lambda args: assay(*args), cases))
+    for args, out in zip(cases, outs, strict=True):
         assert out.returncode != 0, args
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), (args, out.stderr)
