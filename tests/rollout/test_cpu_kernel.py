@@ -8,6 +8,16 @@ from assay.rollout.engine import attention, cpu_kernel
 pytestmark = pytest.mark.skipif(cpu_kernel._library() is None, reason="no C compiler: the PyTorch path runs")
 
 
+@pytest.fixture(params=[1, 8], ids=["1-thread", "8-threads"])
+def threads(request):
+    """1 thread: a task takes a whole row (or cluster), its heads in turn; 8: fewer rows than threads, so each
+    task takes one head."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 def cache_and_rows(rows=5, kv_heads=2, nq=3, dim=16, block_size=4, blocks=40, seed=0):
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(blocks, block_size, kv_heads, dim, generator=g)
@@ -150,7 +160,7 @@ def test_qkv_rope_matches_rope_and_the_cache_write(layout, biases):
 
 
 @pytest.mark.parametrize("dim", [16, 64])
-def test_the_shared_prefix_merge_equals_attention_over_prefix_and_own_keys(dim):
+def test_the_shared_prefix_merge_equals_attention_over_prefix_and_own_keys(dim, threads):
     g = torch.Generator().manual_seed(3)
     B, Hkv, nq, bs, blocks = 7, 2, 3, 4, 60
     k, v = torch.randn(blocks, bs, Hkv, dim, generator=g), torch.randn(blocks, bs, Hkv, dim, generator=g)
@@ -173,7 +183,7 @@ def test_the_shared_prefix_merge_equals_attention_over_prefix_and_own_keys(dim):
 
 
 @pytest.mark.parametrize("dim", [64, 128])
-def test_kernel_matches_the_gather_path_at_its_specialized_head_sizes(dim):
+def test_kernel_matches_the_gather_path_at_its_specialized_head_sizes(dim, threads):
     q, k, v, tables, _ = cache_and_rows(rows=5, nq=5, dim=dim, block_size=16, blocks=40)
     lengths = torch.tensor([1, 7, 8, 61, 96])  # under, at and past the kernel's blocks of eight keys
     out, lse = cpu_kernel.paged_attention(q, k, v, tables, lengths)

@@ -82,10 +82,11 @@ static void key_offsets(const int64_t *table, int64_t n, int64_t bs, int64_t Hkv
 /* Keys and values sit in blocks scattered over the cache, where the hardware prefetcher does not follow:
  * the key pass requests each key's head vector eight keys before it is used, and its value's into L2
  * for the value pass that follows (a row's values fit there); the value pass requests PREFETCH_KEYS
- * ahead into L1. A row's KV heads run in turn on one thread, and the first head's key pass requests
- * every head's key and value of each token into L2 (a token's heads lie side by side in the cache): so
- * the row is read from memory as whole tokens, contiguous within a block, instead of as one head's
- * 256-byte pieces a token apart, and the later heads find their vectors in L2 (docs/experiments.md R8). */
+ * ahead into L1. Where a thread runs all of a row's KV heads in turn (heads_per_task), the first head's
+ * key pass requests every head's key and value of each token into L2 (a token's heads lie side by side
+ * in the cache): the row is read from memory as whole tokens, contiguous within a block, instead of as
+ * one head's 256-byte pieces a token apart, and the later heads find their vectors in L2 (R8 in
+ * docs/experiments.md). */
 #define PREFETCH_KEYS 8
 static inline void prefetch_head(const float *p, int64_t D)
 {
@@ -203,21 +204,28 @@ static void row_any(const float *q, const float *k, const float *v, const int64_
 }
 
 /* Attention of nq queries (contiguous [nq, D]) over a row's n keys for KV head h; scratch: n offsets,
- * then room for nq * n scores. A row's heads run in turn, from h = 0. */
+ * then room for nq * n scores. `whole_tokens`: this thread runs all the row's heads in turn, from h = 0. */
 static void attend_row(const float *q, const float *k, const float *v, const int64_t *table, int64_t n, float *o,
                        float *lse, int64_t *scratch, int64_t nq, int64_t Hkv, int64_t h, int64_t bs, float scale,
-                       int64_t D)
+                       int64_t D, int whole_tokens)
 {
     int64_t *off = scratch;
     float *s = (float *)(scratch + n);
     key_offsets(table, n, bs, Hkv, h, off);
-    const int64_t token = h == 0 && Hkv > 1 ? Hkv * D : 0;
+    const int64_t token = whole_tokens && h == 0 && Hkv > 1 ? Hkv * D : 0;
     if (D == 64)
         row_64(q, k, v, off, n, o, lse, s, nq, scale, token, h);
     else if (D == 128)
         row_128(q, k, v, off, n, o, lse, s, nq, scale, token, h);
     else
         row_any(q, k, v, off, n, o, lse, s, nq, scale, D);
+}
+
+/* The heads of a row each thread task takes: all of them (read as whole tokens, see prefetch_head) when
+ * every thread gets a row, else one, so that a single long row still splits over the threads. */
+static inline int64_t heads_per_task(int64_t rows, int64_t Hkv, int threads)
+{
+    return rows >= threads ? Hkv : 1;
 }
 
 /* 0 on success; -1 out of memory; -2 a row names a block outside the cache or more keys than its table holds
@@ -232,12 +240,13 @@ int paged_attention_f32(const float *q, const float *k, const float *v, const in
             if (tables[r * M + j] < 0 || tables[r * M + j] >= blocks) return -2;
     }
     int failed = 0;
+    const int64_t per = heads_per_task(R, Hkv, threads), tasks = R * Hkv / per;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t r = 0; r < R; r++) { /* a row per task, its heads in turn (see prefetch_head) */
-        const int64_t n = lens[r];
+    for (int64_t task = 0; task < tasks; task++) { /* heads h0 .. h0 + per - 1 of row r */
+        const int64_t r = task * per / Hkv, h0 = task * per % Hkv, n = lens[r];
         if (n <= 0) {
-            memset(out + r * Hkv * nq * D, 0, sizeof(float) * Hkv * nq * D);
-            for (int64_t i = 0; i < Hkv * nq; i++) lse[r * Hkv * nq + i] = -INFINITY;
+            memset(out + (r * Hkv + h0) * nq * D, 0, sizeof(float) * per * nq * D);
+            for (int64_t i = 0; i < per * nq; i++) lse[(r * Hkv + h0) * nq + i] = -INFINITY;
             continue;
         }
         int64_t *s = malloc(sizeof(int64_t) * n + sizeof(float) * nq * n); /* key offsets; scores, then weights */
@@ -246,9 +255,9 @@ int paged_attention_f32(const float *q, const float *k, const float *v, const in
             failed = 1;
             continue;
         }
-        for (int64_t h = 0; h < Hkv; h++)
+        for (int64_t h = h0; h < h0 + per; h++)
             attend_row(q + (r * Hkv + h) * nq * D, k, v, tables + r * M, n, out + (r * Hkv + h) * nq * D,
-                       lse + (r * Hkv + h) * nq, s, nq, Hkv, h, bs, scale, D);
+                       lse + (r * Hkv + h) * nq, s, nq, Hkv, h, bs, scale, D, per > 1);
         free(s);
     }
     return failed ? -1 : 0;
@@ -277,9 +286,10 @@ int paged_attention_shared_f32(const float *q, const float *k, const float *v, c
             if (members[c * G + g] >= B) return -2;
     }
     int failed = 0;
+    const int64_t per = heads_per_task(C, Hkv, threads), tasks = C * Hkv / per;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t c = 0; c < C; c++) { /* a cluster per task, its heads in turn (see prefetch_head) */
-        const int64_t n = lens[c];
+    for (int64_t task = 0; task < tasks; task++) { /* heads h0 .. h0 + per - 1 of cluster c */
+        const int64_t c = task * per / Hkv, h0 = task * per % Hkv, n = lens[c];
         const int64_t *mem = members + c * G;
         int64_t real = 0;
         for (int64_t g = 0; g < G; g++) real += mem[g] >= 0;
@@ -294,10 +304,10 @@ int paged_attention_shared_f32(const float *q, const float *k, const float *v, c
             continue;
         }
         float *qb = (float *)(buf + n) + rows * n, *ob = qb + rows * D, *lb = ob + rows * D;
-        for (int64_t h = 0; h < Hkv; h++) {
+        for (int64_t h = h0; h < h0 + per; h++) {
             for (int64_t g = 0, i = 0; g < G; g++)
                 if (mem[g] >= 0) memcpy(qb + (i++) * row, q + (mem[g] * Hkv + h) * row, sizeof(float) * row);
-            attend_row(qb, k, v, tables + c * M, n, ob, lb, buf, rows, Hkv, h, bs, scale, D);
+            attend_row(qb, k, v, tables + c * M, n, ob, lb, buf, rows, Hkv, h, bs, scale, D, per > 1);
             for (int64_t g = 0, i = 0; g < G; g++) {
                 if (mem[g] < 0) continue;
                 float *oo = out + (mem[g] * Hkv + h) * row, *lo = lse + (mem[g] * Hkv + h) * nq;
