@@ -44,7 +44,7 @@ def _toy(version: str) -> type:
 
 
 def test_builtins_are_listed():
-    assert list_envs() == [("arith", "2"), ("codegen", "4"), ("jsonl", "2"), ("terminal", "4"), ("toolcalc", "2")]
+    assert list_envs() == [("arith", "2"), ("codegen", "5"), ("jsonl", "2"), ("terminal", "5"), ("toolcalc", "2")]
 
 
 def test_name_and_name_at_version_resolve():

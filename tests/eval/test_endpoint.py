@@ -95,7 +95,7 @@ def test_an_endpoint_policy_is_evaluated_through_chat_completions_and_tool_calls
     assert toolcalc["pass_at"]["1"]["value"] == 1.0 and toolcalc["mean_rounds"] == 3.0
     assert toolcalc["recovery_rate"] == 1.0 and toolcalc["tool_error_rate"] > 0  # the bad call, then success
     assert toolcalc["prompt_tokens"] > 0 and toolcalc["completion_tokens"] == 21  # the server's usage, 3 turns
-    assert record["domains"]["codegen@4"]["metrics"]["infra_errors"] == 0
+    assert record["domains"]["codegen@5"]["metrics"]["infra_errors"] == 0
 
 
 def test_an_unreachable_endpoint_or_unknown_model_is_one_line(server, tmp_path):

@@ -167,7 +167,7 @@ class CodegenEpisode:
 @register
 class CodegenEnv:
     name = "codegen"
-    version = "4"  # 4: graded in batches, a warm harness forking per candidate; 3's verdicts and 3's tasks
+    version = "5"  # 5: a result counts only from a child the harness saw end; 4: graded in batches; 3's tasks
     task_stream = "codegen@3"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "code"
     qa_kind = "code"

@@ -412,7 +412,7 @@ class TerminalEpisode:
 @register
 class TerminalEnv:
     name = "terminal"
-    version = "4"  # 4: only the shared _pyjudge changed (codegen's batches); 3's verdicts and 3's tasks
+    version = "5"  # 4, 5: only the shared _pyjudge changed (codegen's batches, then its results); 3's tasks
     task_stream = "terminal@3"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "terminal"
     qa_kind = "terminal"
