@@ -114,13 +114,13 @@ def test_a_batch_gives_each_candidate_its_verdict_alone(sandbox):
     assert alone["loop"].details["status"] == "timeout"
 
 
-
 def test_a_candidate_that_kills_the_harness_gets_no_result_however_fast_its_orphan_reports(sandbox):
     # Its child outlives the killed harness and prints the right answers while the sandbox is torn down. Whether
     # that line arrived hung on the race (1.0 in 39 of 40 runs, 0.0 in one), so a line counts only from a child
     # the harness saw end.
     verdicts = {_verdict(judge(MIXED["kills_parent"], INPUTS, EXPECTED, sandbox, LIMITS.timeout_s)) for _ in range(8)}
     assert verdicts == {(0.0, False, "ok")}, verdicts
+
 
 def test_nothing_of_one_candidate_reaches_the_next(sandbox):
     # The looker passes only if it finds no file, IPC object, process or parent memory the one before left.
