@@ -61,7 +61,7 @@ class PackedWeights:
     streams it faster than three narrow ones (docs/experiments.md R5). Up to `cpu_kernel.skinny_rows()`
     rows run on the C kernel's panels instead, which stream a weight faster than oneDNN does at so few
     rows (R7). Each layout is made the first time a version of the weights meets its row count, so the
-weights are joined once per layout, and a layout no call needs is never made."""
+    weights are joined once per layout, and a layout no call needs is never made."""
 
     def __init__(self) -> None:
         self._packs: dict[tuple[int, ...], _Pack] = {}  # key: ids of the weights and biases

@@ -212,7 +212,7 @@ static void attend_row(const float *q, const float *k, const float *v, const int
     int64_t *off = scratch;
     float *s = (float *)(scratch + n);
     key_offsets(table, n, bs, Hkv, h, off);
-    const int64_t token = whole_tokens && h == 0 && Hkv > 1 ? Hkv * D : 0;
+    const int64_t token = whole_tokens && h == 0 ? Hkv * D : 0;
     if (D == 64)
         row_64(q, k, v, off, n, o, lse, s, nq, scale, token, h);
     else if (D == 128)
