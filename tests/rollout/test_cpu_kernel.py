@@ -8,10 +8,10 @@ from assay.rollout.engine import attention, cpu_kernel
 pytestmark = pytest.mark.skipif(cpu_kernel._library() is None, reason="no C compiler: the PyTorch path runs")
 
 
-@pytest.fixture(params=[1, 8], ids=["1-thread", "8-threads"])
+@pytest.fixture(params=[1, 2, 8], ids=["1-thread", "2-threads", "8-threads"])
 def threads(request):
-    """1 thread: a task takes a whole row (or cluster), its heads in turn; 8: fewer rows than threads, so each
-    task takes one head."""
+    """1 thread: a task takes a whole row (or cluster), all its heads a block at a time; 2: the same, each
+    thread also requesting the next row it takes; 8: fewer rows than threads, so each task takes one head."""
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
     yield request.param

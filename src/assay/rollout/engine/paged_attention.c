@@ -80,13 +80,9 @@ static void key_offsets(const int64_t *table, int64_t n, int64_t bs, int64_t Hkv
 }
 
 /* Keys and values sit in blocks scattered over the cache, where the hardware prefetcher does not follow:
- * the key pass requests each key's head vector eight keys before it is used, and its value's into L2
- * for the value pass that follows (a row's values fit there); the value pass requests PREFETCH_KEYS
- * ahead into L1. Where a thread runs all of a row's KV heads in turn (heads_per_task), the first head's
- * key pass requests every head's key and value of each token into L2 (a token's heads lie side by side
- * in the cache): the row is read from memory as whole tokens, contiguous within a block, instead of as
- * one head's 256-byte pieces a token apart, and the later heads find their vectors in L2 (R8 in
- * docs/experiments.md). */
+ * the key pass of one head requests each key's head vector eight keys before it is used, and its value's
+ * into L2 for the value pass that follows (a row's values fit there); the value pass requests
+ * PREFETCH_KEYS ahead into L1. */
 #define PREFETCH_KEYS 8
 static inline void prefetch_head(const float *p, int64_t D)
 {
@@ -98,12 +94,10 @@ static inline void prefetch_head_l2(const float *p, int64_t D)
 }
 
 /* One (row, KV head) with a fixed head dimension DIM (a multiple of 8); the values are read once per
- * pair of queries. `token` > 0: also request each key's whole token, `token` floats from its head h's
- * vector back by h heads, into L2 (the first head of a row). */
+ * pair of queries. */
 #define ROW_KERNEL(DIM)                                                                                    \
     static void row_##DIM(const float *q, const float *k, const float *v, const int64_t *off, int64_t n,  \
-                          float *o, float *lse, float *s, int64_t nq, float scale, int64_t token,           \
-                          int64_t h)                                                                         \
+                          float *o, float *lse, float *s, int64_t nq, float scale)                          \
     {                                                                                                        \
         enum { W = DIM / 8 };                                                                                \
         int64_t t = 0;                                                                                       \
@@ -114,11 +108,7 @@ static inline void prefetch_head_l2(const float *p, int64_t D)
                 for (int u = 0; u < 8; u++) {                                                                \
                     const int64_t at = off[t + 8 + u] * DIM;                                                 \
                     prefetch_head(k + at, DIM);                                                              \
-                    if (token) {                                                                             \
-                        prefetch_head_l2(k + at - h * DIM, token);                                           \
-                        prefetch_head_l2(v + at - h * DIM, token);                                           \
-                    } else                                                                                   \
-                        prefetch_head_l2(v + at, DIM);                                                       \
+                    prefetch_head_l2(v + at, DIM);                                                           \
                 }                                                                                            \
             for (int64_t i = 0; i < nq; i++) {                                                               \
                 const float *qi = q + i * DIM;                                                               \
@@ -203,26 +193,166 @@ static void row_any(const float *q, const float *k, const float *v, const int64_
     }
 }
 
-/* Attention of nq queries (contiguous [nq, D]) over a row's n keys for KV head h; scratch: n offsets,
- * then room for nq * n scores. `whole_tokens`: this thread runs all the row's heads in turn, from h = 0. */
-static void attend_row(const float *q, const float *k, const float *v, const int64_t *table, int64_t n, float *o,
-                       float *lse, int64_t *scratch, int64_t nq, int64_t Hkv, int64_t h, int64_t bs, float scale,
-                       int64_t D, int whole_tokens)
+/* All Hkv heads of one row, a cache block at a time, with an online softmax (the running maximum and
+ * sum of each query's scores rescale its output as keys arrive): each block's keys and values, every
+ * head, are read from memory once and used while they sit in cache, and the row's next block is
+ * requested, a share per head, while this one is computed, so reading and computing overlap.
+ * q and o [Hkv, nq, DIM], lse [Hkv, nq]; scratch: 2 * Hkv * nq + nq * bs floats. */
+static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, const float *q, const float *k,
+                                                                const float *v, const int64_t *table, int64_t n,
+                                                                const int64_t *after, float *o, float *lse,
+                                                                float *scratch, int64_t nq, int64_t Hkv, int64_t bs,
+                                                                float scale)
 {
-    int64_t *off = scratch;
-    float *s = (float *)(scratch + n);
-    key_offsets(table, n, bs, Hkv, h, off);
-    const int64_t token = whole_tokens && h == 0 ? Hkv * D : 0;
-    if (D == 64)
-        row_64(q, k, v, off, n, o, lse, s, nq, scale, token, h);
-    else if (D == 128)
-        row_128(q, k, v, off, n, o, lse, s, nq, scale, token, h);
-    else
-        row_any(q, k, v, off, n, o, lse, s, nq, scale, D);
+    const int W = DIM / 8;
+    const int64_t token = Hkv * DIM; /* floats of one token's heads, side by side in a block */
+    float *top = scratch, *total = top + Hkv * nq, *s = total + Hkv * nq;
+    for (int64_t i = 0; i < Hkv * nq; i++) top[i] = -INFINITY, total[i] = 0.0f;
+    memset(o, 0, sizeof(float) * Hkv * nq * DIM);
+    for (int64_t b0 = 0, blk = 0; b0 < n; b0 += bs, blk++) {
+        const int64_t m = n - b0 < bs ? n - b0 : bs;
+        const float *kb = k + table[blk] * bs * token, *vb = v + table[blk] * bs * token;
+        const int64_t *nb = b0 + bs < n ? table + blk + 1 : after; /* the next block this thread reads */
+        const float *kn = nb == NULL ? NULL : k + *nb * bs * token, *vn = nb == NULL ? NULL : v + *nb * bs * token;
+        /* the next block's cache lines, requested a few at a time through the score pass so that the
+         * requests stay within what the core keeps in flight */
+        const int64_t lines = kn == NULL ? 0 : bs * token / 16, calls = Hkv * ((m + 7) / 8) * nq;
+        const int64_t each = (lines + calls - 1) / calls;
+        int64_t next = 0;
+        for (int64_t h = 0; h < Hkv; h++) {
+            const float *qh = q + h * nq * DIM;
+            float *oh = o + h * nq * DIM, *toph = top + h * nq, *totalh = total + h * nq;
+            int64_t t = 0;
+            for (; t + 8 <= m; t += 8) { /* eight keys at a time: their eight sums reduce together */
+                const float *kt[8];
+                for (int u = 0; u < 8; u++) kt[u] = kb + (t + u) * token + h * DIM;
+                for (int64_t i = 0; i < nq; i++) {
+                    for (int64_t e = 0; e < each && next < lines; e++, next++) {
+                        __builtin_prefetch(kn + next * 16, 0, 2);
+                        __builtin_prefetch(vn + next * 16, 0, 2);
+                    }
+                    const float *qi = qh + i * DIM;
+                    v8 acc[8];
+                    const v8 q0 = load8(qi);
+                    for (int u = 0; u < 8; u++) acc[u] = q0 * load8(kt[u]);
+                    for (int j = 1; j < W; j++) {
+                        const v8 qj = load8(qi + 8 * j);
+                        for (int u = 0; u < 8; u++) acc[u] += qj * load8(kt[u] + 8 * j);
+                    }
+                    const v8 r = hsum8x8(acc) * scale;
+                    memcpy(s + i * bs + t, &r, sizeof r);
+                }
+            }
+            for (; t < m; t++) {
+                const float *kt = kb + t * token + h * DIM;
+                for (int64_t i = 0; i < nq; i++) {
+                    const float *qi = qh + i * DIM;
+                    v8 acc = load8(qi) * load8(kt);
+                    for (int j = 1; j < W; j++) acc += load8(qi + 8 * j) * load8(kt + 8 * j);
+                    s[i * bs + t] = hsum8(acc) * scale;
+                }
+            }
+            for (int64_t i = 0; i < nq; i++) { /* weights exp(score - running max); rescale what came before */
+                float *si = s + i * bs, mx = toph[i];
+                for (int64_t u = 0; u < m; u++) mx = si[u] > mx ? si[u] : mx;
+                float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t u = 0; u < m; u++) {
+                    si[u] = expf(si[u] - mx);
+                    sum += si[u];
+                }
+                const float keep = expf(toph[i] - mx); /* 0 for the first block */
+                if (keep != 1.0f)
+                    for (int64_t d = 0; d < DIM; d++) oh[i * DIM + d] *= keep;
+                totalh[i] = totalh[i] * keep + sum;
+                toph[i] = mx;
+            }
+            int64_t i = 0;
+            for (; i + 1 < nq; i += 2) { /* the values, read once per pair of queries */
+                const float *w0 = s + i * bs, *w1 = w0 + bs;
+                v8 a0[W], a1[W];
+                for (int j = 0; j < W; j++) a0[j] = load8(oh + i * DIM + 8 * j), a1[j] = load8(oh + (i + 1) * DIM + 8 * j);
+                for (int64_t u = 0; u < m; u++) {
+                    const float *vt = vb + u * token + h * DIM;
+                    const float x0 = w0[u], x1 = w1[u];
+                    for (int j = 0; j < W; j++) {
+                        const v8 val = load8(vt + 8 * j);
+                        a0[j] += x0 * val;
+                        a1[j] += x1 * val;
+                    }
+                }
+                memcpy(oh + i * DIM, a0, sizeof a0);
+                memcpy(oh + (i + 1) * DIM, a1, sizeof a1);
+            }
+            if (i < nq) {
+                const float *wi = s + i * bs;
+                v8 acc[W];
+                for (int j = 0; j < W; j++) acc[j] = load8(oh + i * DIM + 8 * j);
+                for (int64_t u = 0; u < m; u++) {
+                    const float *vt = vb + u * token + h * DIM;
+                    for (int j = 0; j < W; j++) acc[j] += wi[u] * load8(vt + 8 * j);
+                }
+                memcpy(oh + i * DIM, acc, sizeof acc);
+            }
+        }
+        for (; next < lines; next++) { /* a short block has fewer score passes */
+            __builtin_prefetch(kn + next * 16, 0, 2);
+            __builtin_prefetch(vn + next * 16, 0, 2);
+        }
+    }
+    for (int64_t i = 0; i < Hkv * nq; i++) {
+        const float inv = 1.0f / total[i];
+        for (int64_t d = 0; d < DIM; d++) o[i * DIM + d] *= inv;
+        lse[i] = top[i] + logf(total[i]);
+    }
 }
 
-/* The heads of a row each thread task takes: all of them (read as whole tokens, see prefetch_head) when
- * every thread gets a row, else one, so that a single long row still splits over the threads. */
+static void blocks_64(const float *q, const float *k, const float *v, const int64_t *table, int64_t n, const int64_t *after, float *o,
+                      float *lse, float *scratch, int64_t nq, int64_t Hkv, int64_t bs, float scale)
+{
+    blocks_kernel(64, q, k, v, table, n, after, o, lse, scratch, nq, Hkv, bs, scale);
+}
+
+static void blocks_128(const float *q, const float *k, const float *v, const int64_t *table, int64_t n, const int64_t *after, float *o,
+                       float *lse, float *scratch, int64_t nq, int64_t Hkv, int64_t bs, float scale)
+{
+    blocks_kernel(128, q, k, v, table, n, after, o, lse, scratch, nq, Hkv, bs, scale);
+}
+
+/* Heads h0 .. h0 + per - 1 of one row over its n keys: q and o [per, nq, D], lse [per, nq]. All of a
+ * row's heads go a block at a time (blocks_kernel); fewer, a head at a time. `after`: the first block of
+ * the row this thread takes next, requested while this row's last block is computed. -1: out of memory. */
+static int attend_heads(const float *q, const float *k, const float *v, const int64_t *table, int64_t n,
+                        const int64_t *after, float *o, float *lse, int64_t nq, int64_t Hkv, int64_t h0, int64_t per,
+                        int64_t bs, float scale, int64_t D)
+{
+    const int by_blocks = per == Hkv && (D == 64 || D == 128);
+    void *scratch = malloc(by_blocks ? sizeof(float) * (2 * Hkv * nq + nq * bs)
+                                     : sizeof(int64_t) * n + sizeof(float) * nq * n); /* key offsets, scores */
+    if (scratch == NULL) return -1;
+    if (by_blocks)
+        (D == 64 ? blocks_64 : blocks_128)(q, k, v, table, n, after, o, lse, scratch, nq, Hkv, bs, scale);
+    else
+        for (int64_t h = h0; h < h0 + per; h++) {
+            int64_t *off = scratch;
+            float *s = (float *)(off + n);
+            const float *qh = q + (h - h0) * nq * D;
+            float *oh = o + (h - h0) * nq * D, *lh = lse + (h - h0) * nq;
+            key_offsets(table, n, bs, Hkv, h, off);
+            if (D == 64)
+                row_64(qh, k, v, off, n, oh, lh, s, nq, scale);
+            else if (D == 128)
+                row_128(qh, k, v, off, n, oh, lh, s, nq, scale);
+            else
+                row_any(qh, k, v, off, n, oh, lh, s, nq, scale, D);
+        }
+    free(scratch);
+    return 0;
+}
+
+/* The heads of a row each thread task takes: all of them (a block at a time) when every thread gets a
+ * row, else one, so that a single long row still splits over the threads. Tasks go to the threads in
+ * turn (a static schedule), so a thread knows the row it takes next and requests its first block early. */
 static inline int64_t heads_per_task(int64_t rows, int64_t Hkv, int threads)
 {
     return rows >= threads ? Hkv : 1;
@@ -241,24 +371,21 @@ int paged_attention_f32(const float *q, const float *k, const float *v, const in
     }
     int failed = 0;
     const int64_t per = heads_per_task(R, Hkv, threads), tasks = R * Hkv / per;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) { /* heads h0 .. h0 + per - 1 of row r */
-        const int64_t r = task * per / Hkv, h0 = task * per % Hkv, n = lens[r];
+        const int64_t r = task * per / Hkv, h0 = task * per % Hkv, n = lens[r], at = (r * Hkv + h0) * nq;
         if (n <= 0) {
-            memset(out + (r * Hkv + h0) * nq * D, 0, sizeof(float) * per * nq * D);
-            for (int64_t i = 0; i < per * nq; i++) lse[(r * Hkv + h0) * nq + i] = -INFINITY;
+            memset(out + at * D, 0, sizeof(float) * per * nq * D);
+            for (int64_t i = 0; i < per * nq; i++) lse[at + i] = -INFINITY;
             continue;
         }
-        int64_t *s = malloc(sizeof(int64_t) * n + sizeof(float) * nq * n); /* key offsets; scores, then weights */
-        if (s == NULL) {
+        const int64_t *after = per == Hkv && r + threads < R && lens[r + threads] > 0 ? tables + (r + threads) * M
+                                                                                       : NULL;
+        if (attend_heads(q + at * D, k, v, tables + r * M, n, after, out + at * D, lse + at, nq, Hkv, h0, per, bs,
+                         scale, D) != 0) {
 #pragma omp atomic write
             failed = 1;
-            continue;
         }
-        for (int64_t h = h0; h < h0 + per; h++)
-            attend_row(q + (r * Hkv + h) * nq * D, k, v, tables + r * M, n, out + (r * Hkv + h) * nq * D,
-                       lse + (r * Hkv + h) * nq, s, nq, Hkv, h, bs, scale, D, per > 1);
-        free(s);
     }
     return failed ? -1 : 0;
 }
@@ -287,7 +414,7 @@ int paged_attention_shared_f32(const float *q, const float *k, const float *v, c
     }
     int failed = 0;
     const int64_t per = heads_per_task(C, Hkv, threads), tasks = C * Hkv / per;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) { /* heads h0 .. h0 + per - 1 of cluster c */
         const int64_t c = task * per / Hkv, h0 = task * per % Hkv, n = lens[c];
         const int64_t *mem = members + c * G;
@@ -295,26 +422,34 @@ int paged_attention_shared_f32(const float *q, const float *k, const float *v, c
         for (int64_t g = 0; g < G; g++) real += mem[g] >= 0;
         if (n <= 0 || real == 0) continue; /* no prefix keys: the own part stands */
         const int64_t rows = real * nq, row = nq * D;
-        /* scratch (key offsets and scores), then the members' queries, the prefix part's outputs and its
-         * log-sum-exps */
-        int64_t *buf = malloc(sizeof(int64_t) * n + sizeof(float) * (rows * n + 2 * rows * D + rows));
-        if (buf == NULL) {
+        float *qb = malloc(sizeof(float) * per * rows * (2 * D + 1)); /* the members' queries, outputs, lse */
+        if (qb == NULL) {
 #pragma omp atomic write
             failed = 1;
             continue;
         }
-        float *qb = (float *)(buf + n) + rows * n, *ob = qb + rows * D, *lb = ob + rows * D;
-        for (int64_t h = h0; h < h0 + per; h++) {
+        float *ob = qb + per * rows * D, *lb = ob + per * rows * D;
+        for (int64_t h = h0; h < h0 + per; h++)
             for (int64_t g = 0, i = 0; g < G; g++)
-                if (mem[g] >= 0) memcpy(qb + (i++) * row, q + (mem[g] * Hkv + h) * row, sizeof(float) * row);
-            attend_row(qb, k, v, tables + c * M, n, ob, lb, buf, rows, Hkv, h, bs, scale, D, per > 1);
+                if (mem[g] >= 0)
+                    memcpy(qb + ((h - h0) * real + i++) * row, q + (mem[g] * Hkv + h) * row, sizeof(float) * row);
+        const int64_t *after = per == Hkv && c + threads < C && lens[c + threads] > 0 ? tables + (c + threads) * M
+                                                                                       : NULL;
+        if (attend_heads(qb, k, v, tables + c * M, n, after, ob, lb, rows, Hkv, h0, per, bs, scale, D) != 0) {
+#pragma omp atomic write
+            failed = 1;
+            free(qb);
+            continue;
+        }
+        for (int64_t h = h0; h < h0 + per; h++) {
+            const float *oh = ob + (h - h0) * rows * D, *lh = lb + (h - h0) * rows;
             for (int64_t g = 0, i = 0; g < G; g++) {
                 if (mem[g] < 0) continue;
                 float *oo = out + (mem[g] * Hkv + h) * row, *lo = lse + (mem[g] * Hkv + h) * nq;
                 for (int64_t j = 0; j < nq; j++, i++) {
-                    const float a = lo[j], b = lb[i];
+                    const float a = lo[j], b = lh[i];
                     if (a < -1e30f) { /* the row had no keys of its own */
-                        memcpy(oo + j * D, ob + i * D, sizeof(float) * D);
+                        memcpy(oo + j * D, oh + i * D, sizeof(float) * D);
                         lo[j] = b;
                         continue;
                     }
@@ -322,12 +457,12 @@ int paged_attention_shared_f32(const float *q, const float *k, const float *v, c
                     const float total = top + logf(expf(a - top) + expf(b - top));
                     const float wa = expf(a - total), wb = expf(b - total);
 #pragma omp simd
-                    for (int64_t d = 0; d < D; d++) oo[j * D + d] = wa * oo[j * D + d] + wb * ob[i * D + d];
+                    for (int64_t d = 0; d < D; d++) oo[j * D + d] = wa * oo[j * D + d] + wb * oh[i * D + d];
                     lo[j] = total;
                 }
             }
         }
-        free(buf);
+        free(qb);
     }
     return failed ? -1 : 0;
 }
