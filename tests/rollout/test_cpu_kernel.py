@@ -159,10 +159,11 @@ def test_qkv_rope_matches_rope_and_the_cache_write(layout, biases):
         cpu_kernel.qkv_rope(q, k, v, (bq, bk, bv), cos, sin, positions + 50, slots, k_cache, v_cache, H)
 
 
+@pytest.mark.parametrize("nq", [3, 5])  # 5: the first cluster's 15 queries a head take the many-query kernel
 @pytest.mark.parametrize("dim", [16, 64])
-def test_the_shared_prefix_merge_equals_attention_over_prefix_and_own_keys(dim, threads):
+def test_the_shared_prefix_merge_equals_attention_over_prefix_and_own_keys(dim, nq, threads):
     g = torch.Generator().manual_seed(3)
-    B, Hkv, nq, bs, blocks = 7, 2, 3, 4, 60
+    B, Hkv, bs, blocks = 7, 2, 4, 60
     k, v = torch.randn(blocks, bs, Hkv, dim, generator=g), torch.randn(blocks, bs, Hkv, dim, generator=g)
     q = torch.randn(B, Hkv, nq, dim, generator=g)
     perm = torch.randperm(blocks, generator=g).tolist()
@@ -182,9 +183,10 @@ def test_the_shared_prefix_merge_equals_attention_over_prefix_and_own_keys(dim, 
         torch.testing.assert_close(lse[r : r + 1], want_lse, **TOL)
 
 
+@pytest.mark.parametrize("nq", [5, 20])  # 20: past MANY_QUERIES, a full and a partial chunk of query lanes
 @pytest.mark.parametrize("dim", [64, 128])
-def test_kernel_matches_the_gather_path_at_its_specialized_head_sizes(dim, threads):
-    q, k, v, tables, _ = cache_and_rows(rows=5, nq=5, dim=dim, block_size=16, blocks=40)
+def test_kernel_matches_the_gather_path_at_its_specialized_head_sizes(dim, nq, threads):
+    q, k, v, tables, _ = cache_and_rows(rows=5, nq=nq, dim=dim, block_size=16, blocks=40)
     lengths = torch.tensor([1, 7, 8, 61, 96])  # under, at and past the kernel's blocks of eight keys
     out, lse = cpu_kernel.paged_attention(q, k, v, tables, lengths)
     want, want_lse = attention._attend_gathered(q, k, v, tables, lengths)

@@ -193,6 +193,98 @@ static void row_any(const float *q, const float *k, const float *v, const int64_
     }
 }
 
+/* Many queries of one (row, KV head), a cluster's shared prefix: compute-bound, so run as small matrix
+ * products with the queries across the vector lanes, QUERY_LANES at a time (transposed once): a score is
+ * an FMA of a broadcast key element, with no horizontal sum, the softmax runs down each lane, and the
+ * value pass multiplies each value vector into four queries' accumulators.
+ * scratch: (DIM + n) * QUERY_LANES floats. */
+#define QUERY_LANES 16
+#define MANY_QUERIES 12 /* from this many queries a (row, head) takes many_kernel */
+typedef float vq __attribute__((vector_size(QUERY_LANES * 4)));
+
+static inline __attribute__((always_inline)) void many_kernel(const int DIM, const float *q, const float *k,
+                                                              const float *v, const int64_t *off, int64_t n,
+                                                              float *o, float *lse, float *scratch, int64_t nq,
+                                                              float scale, int64_t token, int64_t h)
+{
+    enum { L = QUERY_LANES };
+    float *qt = scratch, *st = qt + DIM * L; /* qt [DIM][L] the queries; st [n][L] scores, then weights */
+    for (int64_t i0 = 0; i0 < nq; i0 += L) {
+        const int64_t qn = nq - i0 < L ? nq - i0 : L;
+        for (int d = 0; d < DIM; d++)
+            for (int l = 0; l < L; l++) qt[d * L + l] = l < qn ? q[(i0 + l) * DIM + d] * scale : 0.0f;
+        int64_t t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const float *k0 = k + off[t] * DIM, *k1 = k + off[t + 1] * DIM, *k2 = k + off[t + 2] * DIM,
+                        *k3 = k + off[t + 3] * DIM;
+            if (t + 8 <= n)
+                for (int u = 4; u < 8; u++) prefetch_head(k + off[t + u] * DIM, DIM);
+            if (token && i0 == 0 && t + 20 <= n) /* every head's key and value of the tokens 16 ahead, into L2 */
+                for (int u = 16; u < 20; u++) {
+                    prefetch_head_l2(k + (off[t + u] - h) * DIM, token);
+                    prefetch_head_l2(v + (off[t + u] - h) * DIM, token);
+                }
+            vq a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int d = 0; d < DIM; d++) {
+                vq qd;
+                memcpy(&qd, qt + d * L, sizeof qd);
+                a0 += k0[d] * qd, a1 += k1[d] * qd, a2 += k2[d] * qd, a3 += k3[d] * qd;
+            }
+            memcpy(st + t * L, &a0, sizeof a0), memcpy(st + (t + 1) * L, &a1, sizeof a1);
+            memcpy(st + (t + 2) * L, &a2, sizeof a2), memcpy(st + (t + 3) * L, &a3, sizeof a3);
+        }
+        for (; t < n; t++) {
+            const float *kt = k + off[t] * DIM;
+            vq a = {0};
+            for (int d = 0; d < DIM; d++) {
+                vq qd;
+                memcpy(&qd, qt + d * L, sizeof qd);
+                a += kt[d] * qd;
+            }
+            memcpy(st + t * L, &a, sizeof a);
+        }
+        float top[L], total[L];
+        for (int l = 0; l < L; l++) top[l] = -INFINITY, total[l] = 0.0f;
+        for (int64_t u = 0; u < n; u++)
+            for (int l = 0; l < L; l++) top[l] = st[u * L + l] > top[l] ? st[u * L + l] : top[l];
+        for (int64_t u = 0; u < n; u++)
+#pragma omp simd
+            for (int l = 0; l < L; l++) {
+                st[u * L + l] = expf(st[u * L + l] - top[l]);
+                total[l] += st[u * L + l];
+            }
+        for (int64_t j0 = 0; j0 < qn; j0 += 8) /* eight queries' outputs, a vector of each, per pass */
+            for (int c = 0; c < DIM / L; c++) {
+                vq a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+                for (int64_t u = 0; u < n; u++) {
+                    const float *w = st + u * L + j0;
+                    vq val;
+                    memcpy(&val, v + off[u] * DIM + c * L, sizeof val);
+                    a0 += w[0] * val, a1 += w[1] * val, a2 += w[2] * val, a3 += w[3] * val;
+                    a4 += w[4] * val, a5 += w[5] * val, a6 += w[6] * val, a7 += w[7] * val;
+                }
+                const vq acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+                for (int64_t j = 0; j < 8 && j0 + j < qn; j++) {
+                    const vq r = acc[j] * (1.0f / total[j0 + j]);
+                    memcpy(o + (i0 + j0 + j) * DIM + c * L, &r, sizeof r);
+                }
+            }
+        for (int64_t j = 0; j < qn; j++) lse[i0 + j] = top[j] + logf(total[j]);
+    }
+}
+
+static void many_64(const float *q, const float *k, const float *v, const int64_t *off, int64_t n, float *o,
+                    float *lse, float *scratch, int64_t nq, float scale, int64_t token, int64_t h)
+{
+    many_kernel(64, q, k, v, off, n, o, lse, scratch, nq, scale, token, h);
+}
+
+static void many_128(const float *q, const float *k, const float *v, const int64_t *off, int64_t n, float *o,
+                     float *lse, float *scratch, int64_t nq, float scale, int64_t token, int64_t h)
+{
+    many_kernel(128, q, k, v, off, n, o, lse, scratch, nq, scale, token, h);
+}
+
 /* All Hkv heads of one row, a cache block at a time, with an online softmax (the running maximum and
  * sum of each query's scores rescale its output as keys arrive): each block's keys and values, every
  * head, are read from memory once and used while they sit in cache, and the row's next block is
@@ -326,9 +418,10 @@ static int attend_heads(const float *q, const float *k, const float *v, const in
                         const int64_t *after, float *o, float *lse, int64_t nq, int64_t Hkv, int64_t h0, int64_t per,
                         int64_t bs, float scale, int64_t D)
 {
-    const int by_blocks = per == Hkv && (D == 64 || D == 128);
+    const int fixed = D == 64 || D == 128, many = fixed && nq >= MANY_QUERIES, by_blocks = fixed && !many && per == Hkv;
+    const int64_t scores = many ? (D + n) * QUERY_LANES : nq * n;
     void *scratch = malloc(by_blocks ? sizeof(float) * (2 * Hkv * nq + nq * bs)
-                                     : sizeof(int64_t) * n + sizeof(float) * nq * n); /* key offsets, scores */
+                                     : sizeof(int64_t) * n + sizeof(float) * scores); /* key offsets, scores */
     if (scratch == NULL) return -1;
     if (by_blocks)
         (D == 64 ? blocks_64 : blocks_128)(q, k, v, table, n, after, o, lse, scratch, nq, Hkv, bs, scale);
@@ -339,7 +432,10 @@ static int attend_heads(const float *q, const float *k, const float *v, const in
             const float *qh = q + (h - h0) * nq * D;
             float *oh = o + (h - h0) * nq * D, *lh = lse + (h - h0) * nq;
             key_offsets(table, n, bs, Hkv, h, off);
-            if (D == 64)
+            if (many)
+                (D == 64 ? many_64 : many_128)(qh, k, v, off, n, oh, lh, s, nq, scale,
+                                               per == Hkv && h == 0 ? Hkv * D : 0, h);
+            else if (D == 64)
                 row_64(qh, k, v, off, n, oh, lh, s, nq, scale);
             else if (D == 128)
                 row_128(qh, k, v, off, n, oh, lh, s, nq, scale);
