@@ -45,17 +45,20 @@ def block_bytes(model, block_size=16):
     return PagedModel.bytes_per_block(model, block_size)
 
 
-@pytest.fixture(params=["kernel", "pytorch"])
+@pytest.fixture(params=["kernel", "pytorch", "padded"])
 def attention_path(request, monkeypatch):
-    """Decode attention and the fused elementwise ops through the C kernels (where they build), and the
-    pure PyTorch path (the gather attention, what runs without a compiler)."""
-    from assay.rollout.engine import cpu_kernel
+    """Decode attention and the fused elementwise ops through the C kernels (where they build), the pure
+    PyTorch path (the gather attention, what runs without a compiler), and that path with the prefilling
+    sequences as one padded batch under a mask (what an accelerator runs)."""
+    from assay.rollout.engine import cpu_kernel, model_runner
 
     if request.param == "kernel" and cpu_kernel._library() is None:
         pytest.skip("no C compiler: only the PyTorch path exists here")
-    if request.param == "pytorch":
+    if request.param in ("pytorch", "padded"):
         monkeypatch.setattr(cpu_kernel, "usable", lambda q, k_cache: False)
         monkeypatch.setattr(cpu_kernel, "fused_usable", lambda x: False)
+    if request.param == "padded":
+        monkeypatch.setattr(model_runner, "_padded_prefill", lambda device: True)
     return request.param
 
 

@@ -7,6 +7,10 @@ never repeated per query head. Decoding in float32 on the CPU reads the blocks i
 kernel of `cpu_kernel` instead of gathering them (decode is memory-bound there), writing straight into
 the step's output when the decoding rows are the first of the batch (the scheduler puts them there).
 
+Prefilling on the CPU goes a sequence at a time (`_prefill_each`): no padding to the longest chunk,
+and a chunk with no cached keys before it runs SDPA's causal kernel, which skips the masked half of
+long prompts. On an accelerator the prefilling sequences are one padded batch under a mask.
+
 Decoding sequences that share leading blocks (the samples of one GRPO group share their prompt)
 attend in two parts, merged exactly by their log-sum-exp: the shared prefix once for the whole
 cluster, with all its members' queries in one batch, and each member's own suffix. A shared prompt
@@ -36,19 +40,23 @@ class SharedPrefix:
 
 @dataclass
 class AttentionGroup:
-    rows: Tensor  # [B, Tq] packed token index of each query row (padding repeats a valid index)
+    rows: Tensor | None  # [B, Tq] packed token index of each query row (padding repeats a valid index); None: spans
     block_tables: Tensor  # [B, M] cache blocks each row attends (after its shared prefix, if any)
-    mask: Tensor | None  # prefilling: [B, 1, Tq, M * block_size] True where a query may attend
+    mask: Tensor | None  # prefilling off the CPU: [B, 1, Tq, M * block_size] True where a query may attend
     valid: Tensor | None  # [B * Tq] which query rows are real; None when all are
     lengths: Tensor | None = None  # decoding: [B] keys each row attends in its block_tables
     shared: SharedPrefix | None = None  # decoding only
     start: int | None = None  # decoding: rows are start, start + 1, ... (so q and out are slices, not gathers)
+    spans: list[tuple[int, int, int]] | None = None  # prefilling: (first packed row, queries, cached keys) each
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, groups: list[AttentionGroup]) -> Tensor:
     """q [T, H, D] packed queries; k_cache, v_cache [blocks, block_size, Hkv, D] of one layer."""
     out = torch.empty_like(q)
     for g in groups:
+        if g.spans is not None:
+            _prefill_each(q, k_cache, v_cache, g, out)
+            continue
         B, Tq = g.rows.shape
         if Tq == 1 and g.start is not None and cpu_kernel.usable(q, k_cache):
             _decode_in_place(q[g.start : g.start + B], k_cache, v_cache, g, out[g.start : g.start + B])
@@ -72,6 +80,22 @@ def _gather(cache: Tensor, tables: Tensor) -> Tensor:
     """[B, M] block ids -> [B, Hkv, M * block_size, D]."""
     B, M = tables.shape
     return cache.index_select(0, tables.reshape(-1)).view(B, M * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
+
+
+def _prefill_each(q: Tensor, k_cache: Tensor, v_cache: Tensor, g: AttentionGroup, out: Tensor) -> None:
+    """Each prefilling sequence's chunk over its cached keys and its own, written into out's rows."""
+    bs = k_cache.shape[1]
+    for b, (start, n, first) in enumerate(g.spans):
+        keys = first + n
+        table = g.block_tables[b : b + 1, : -(-keys // bs)]
+        k, v = _gather(k_cache, table)[:, :, :keys], _gather(v_cache, table)[:, :, :keys]
+        qb = q[start : start + n].transpose(0, 1)[None]  # [1, H, n, D]
+        if first == 0:
+            o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, enable_gqa=True)
+        else:  # query i sits at position first + i
+            mask = torch.arange(keys, device=q.device)[None, :] <= torch.arange(first, keys, device=q.device)[:, None]
+            o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, enable_gqa=True)
+        out[start : start + n] = o[0].transpose(0, 1)
 
 
 def _decode_in_place(q: Tensor, k_cache: Tensor, v_cache: Tensor, g: AttentionGroup, out: Tensor) -> None:

@@ -64,6 +64,10 @@ class ModelRunner:
         bs = self.block_size
         tq = max(n for _, _, n in members)
         width = max(-(-(seq.num_computed + n) // bs) for seq, _, n in members)
+        tables = _pad([seq.block_table[:width] for seq, _, _ in members], width)
+        if not _padded_prefill(self.model.device):  # a sequence at a time (attention._prefill_each)
+            spans = [(start, n, seq.num_computed) for seq, start, n in members]
+            return AttentionGroup(None, tables, mask=None, valid=None, spans=spans)
         rows = torch.tensor([[start + min(t, n - 1) for t in range(tq)] for _, start, n in members])
         first = torch.tensor([seq.num_computed for seq, _, _ in members])[:, None]
         lengths = torch.tensor([n for _, _, n in members])[:, None]
@@ -73,7 +77,6 @@ class ModelRunner:
         mask = key_pos[None, None, :] <= (first + offset)[:, :, None]  # causal; bounds each row by its context
         mask = torch.where(real[:, :, None], mask, key_pos[None, None, :] == 0)  # padding rows: harmless
         valid = None if bool(real.all()) else real.reshape(-1)
-        tables = _pad([seq.block_table[:width] for seq, _, _ in members], width)
         return self._to_device(AttentionGroup(rows, tables, mask[:, None], valid))
 
     def _decode_group(self, members: list[tuple[Sequence, int]]) -> AttentionGroup:
@@ -115,6 +118,12 @@ class ModelRunner:
                              None if s.targets is None else s.targets.to(d))
         return AttentionGroup(*(None if t is None else t.to(d) for t in (g.rows, g.block_tables, g.mask, g.valid,
                                                                           g.lengths)), s, g.start)
+
+
+def _padded_prefill(device: torch.device) -> bool:
+    """The prefilling sequences as one padded batch under a mask: one launch on an accelerator. The CPU takes
+    them one at a time, with no padding and SDPA's causal kernel where it applies."""
+    return device.type != "cpu"
 
 
 def _clusters(seqs: list[Sequence], block_size: int) -> list[tuple[list[int], int]]:
