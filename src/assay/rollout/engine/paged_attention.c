@@ -2,8 +2,9 @@
  *
  * Row r has nq queries per KV head (a decoding sequence's query heads of that KV head, or every
  * member's of a cluster sharing a prefix) and attends keys 0 .. lens[r]-1, whose K/V sit in the
- * cache blocks tables[r][t / block_size]. Keys and values are read once per (row, KV head), with
- * no gathered copy: decoding is memory-bound on the CPU.
+ * cache blocks tables[r][t / block_size], read in place with no gathered copy. Three loops
+ * (attend_heads): a whole row a block at a time through all its heads (blocks_kernel, memory-bound),
+ * many queries as small matrix products (many_kernel, compute-bound), or one head (row_64 and kin).
  *
  *   q        [R, Hkv, nq, D]               out [R, Hkv, nq, D]
  *   k, v     [blocks, block_size, Hkv, D]  lse [R, Hkv, nq]  log-sum-exp of the scaled scores
