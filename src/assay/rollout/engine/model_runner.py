@@ -62,12 +62,12 @@ class ModelRunner:
 
     def _prefill_group(self, members: list[tuple[Sequence, int, int]]) -> AttentionGroup:
         bs = self.block_size
-        tq = max(n for _, _, n in members)
         width = max(-(-(seq.num_computed + n) // bs) for seq, _, n in members)
         tables = _pad([seq.block_table[:width] for seq, _, _ in members], width)
         if not _padded_prefill(self.model.device):  # a sequence at a time (attention._prefill_each)
             spans = [(start, n, seq.num_computed) for seq, start, n in members]
             return AttentionGroup(None, tables, mask=None, valid=None, spans=spans)
+        tq = max(n for _, _, n in members)
         rows = torch.tensor([[start + min(t, n - 1) for t in range(tq)] for _, start, n in members])
         first = torch.tensor([seq.num_computed for seq, _, _ in members])[:, None]
         lengths = torch.tensor([n for _, _, n in members])[:, None]
