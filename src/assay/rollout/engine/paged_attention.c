@@ -197,7 +197,9 @@ static void row_any(const float *q, const float *k, const float *v, const int64_
 /* Many queries of one (row, KV head), a cluster's shared prefix: compute-bound, so run as small matrix
  * products with the queries across the vector lanes, QUERY_LANES at a time (transposed once): a score is
  * an FMA of a broadcast key element, with no horizontal sum, the softmax runs down each lane, and the
- * value pass multiplies each value vector into four queries' accumulators.
+ * value pass multiplies each value vector into eight queries' accumulators. `token` > 0 (the first of
+ * a cluster's heads, all of which this thread runs): also request every head's key and value of the
+ * tokens 16 ahead into L2, `token` floats from head h's vector back by h heads.
  * scratch: (DIM + n) * QUERY_LANES floats. */
 #define QUERY_LANES 16
 #define MANY_QUERIES 12 /* from this many queries a (row, head) takes many_kernel */
@@ -220,7 +222,7 @@ static inline __attribute__((always_inline)) void many_kernel(const int DIM, con
                         *k3 = k + off[t + 3] * DIM;
             if (t + 8 <= n)
                 for (int u = 4; u < 8; u++) prefetch_head(k + off[t + u] * DIM, DIM);
-            if (token && i0 == 0 && t + 20 <= n) /* every head's key and value of the tokens 16 ahead, into L2 */
+            if (token && i0 == 0 && t + 20 <= n)
                 for (int u = 16; u < 20; u++) {
                     prefetch_head_l2(k + (off[t + u] - h) * DIM, token);
                     prefetch_head_l2(v + (off[t + u] - h) * DIM, token);
@@ -288,8 +290,9 @@ static void many_128(const float *q, const float *k, const float *v, const int64
 
 /* All Hkv heads of one row, a cache block at a time, with an online softmax (the running maximum and
  * sum of each query's scores rescale its output as keys arrive): each block's keys and values, every
- * head, are read from memory once and used while they sit in cache, and the row's next block is
- * requested, a share per head, while this one is computed, so reading and computing overlap.
+ * head, are read from memory once and used while they sit in cache, and the next block this thread
+ * reads (`after` past the row's last) is requested while this one is computed, so reading and
+ * computing overlap.
  * q and o [Hkv, nq, DIM], lse [Hkv, nq]; scratch: 2 * Hkv * nq + nq * bs floats. */
 static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, const float *q, const float *k,
                                                                 const float *v, const int64_t *table, int64_t n,
@@ -364,7 +367,8 @@ static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, c
             for (; i + 1 < nq; i += 2) { /* the values, read once per pair of queries */
                 const float *w0 = s + i * bs, *w1 = w0 + bs;
                 v8 a0[W], a1[W];
-                for (int j = 0; j < W; j++) a0[j] = load8(oh + i * DIM + 8 * j), a1[j] = load8(oh + (i + 1) * DIM + 8 * j);
+                for (int j = 0; j < W; j++)
+                    a0[j] = load8(oh + i * DIM + 8 * j), a1[j] = load8(oh + (i + 1) * DIM + 8 * j);
                 for (int64_t u = 0; u < m; u++) {
                     const float *vt = vb + u * token + h * DIM;
                     const float x0 = w0[u], x1 = w1[u];
@@ -400,26 +404,30 @@ static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, c
     }
 }
 
-static void blocks_64(const float *q, const float *k, const float *v, const int64_t *table, int64_t n, const int64_t *after, float *o,
-                      float *lse, float *scratch, int64_t nq, int64_t Hkv, int64_t bs, float scale)
+static void blocks_64(const float *q, const float *k, const float *v, const int64_t *table, int64_t n,
+                      const int64_t *after, float *o, float *lse, float *scratch, int64_t nq, int64_t Hkv, int64_t bs,
+                      float scale)
 {
     blocks_kernel(64, q, k, v, table, n, after, o, lse, scratch, nq, Hkv, bs, scale);
 }
 
-static void blocks_128(const float *q, const float *k, const float *v, const int64_t *table, int64_t n, const int64_t *after, float *o,
-                       float *lse, float *scratch, int64_t nq, int64_t Hkv, int64_t bs, float scale)
+static void blocks_128(const float *q, const float *k, const float *v, const int64_t *table, int64_t n,
+                       const int64_t *after, float *o, float *lse, float *scratch, int64_t nq, int64_t Hkv, int64_t bs,
+                       float scale)
 {
     blocks_kernel(128, q, k, v, table, n, after, o, lse, scratch, nq, Hkv, bs, scale);
 }
 
-/* Heads h0 .. h0 + per - 1 of one row over its n keys: q and o [per, nq, D], lse [per, nq]. All of a
- * row's heads go a block at a time (blocks_kernel); fewer, a head at a time. `after`: the first block of
- * the row this thread takes next, requested while this row's last block is computed. -1: out of memory. */
+/* Heads h0 .. h0 + per - 1 of one row over its n keys: q and o [per, nq, D], lse [per, nq]. Many
+ * queries go a head at a time as matrix products (many_kernel); otherwise all of a row's heads go a
+ * block at a time (blocks_kernel), fewer a head at a time. `after`: the first block of the row this
+ * thread takes next, requested while this row's last block is computed. -1: out of memory. */
 static int attend_heads(const float *q, const float *k, const float *v, const int64_t *table, int64_t n,
                         const int64_t *after, float *o, float *lse, int64_t nq, int64_t Hkv, int64_t h0, int64_t per,
                         int64_t bs, float scale, int64_t D)
 {
-    const int fixed = D == 64 || D == 128, many = fixed && nq >= MANY_QUERIES, by_blocks = fixed && !many && per == Hkv;
+    const int fixed = D == 64 || D == 128, many = fixed && nq >= MANY_QUERIES;
+    const int by_blocks = fixed && !many && per == Hkv;
     const int64_t scores = many ? (D + n) * QUERY_LANES : nq * n;
     void *scratch = malloc(by_blocks ? sizeof(float) * (2 * Hkv * nq + nq * bs)
                                      : sizeof(int64_t) * n + sizeof(float) * scores); /* key offsets, scores */
