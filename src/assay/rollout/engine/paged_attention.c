@@ -50,19 +50,26 @@ static inline v8 hsum8x8(const v8 *a)
     return SHUF(w[0], w[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUF(w[0], w[1], 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
+/* Raise *top to the largest of s[0 .. n-1], replace each s[t] by exp(s[t] - *top); returns their sum. */
+static inline float exp_shifted(float *s, int64_t n, float *top)
+{
+    float mx = *top, total = 0.0f;
+    for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+#pragma omp simd reduction(+ : total)
+    for (int64_t t = 0; t < n; t++) {
+        s[t] = expf(s[t] - mx);
+        total += s[t];
+    }
+    *top = mx;
+    return total;
+}
+
 /* Softmax of each query's n scores in place; the log-sum-exp goes to lse. */
 static void softmax_rows(float *s, int64_t nq, int64_t n, float *lse)
 {
     for (int64_t i = 0; i < nq; i++) {
-        float *si = s + i * n;
-        float top = si[0];
-        for (int64_t t = 1; t < n; t++) top = si[t] > top ? si[t] : top;
-        float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t t = 0; t < n; t++) {
-            si[t] = expf(si[t] - top);
-            total += si[t];
-        }
+        float *si = s + i * n, top = -INFINITY;
+        const float total = exp_shifted(si, n, &top);
         const float inv = 1.0f / total;
 #pragma omp simd
         for (int64_t t = 0; t < n; t++) si[t] *= inv;
@@ -349,19 +356,11 @@ static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, c
                 }
             }
             for (int64_t i = 0; i < nq; i++) { /* weights exp(score - running max); rescale what came before */
-                float *si = s + i * bs, mx = toph[i];
-                for (int64_t u = 0; u < m; u++) mx = si[u] > mx ? si[u] : mx;
-                float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-                for (int64_t u = 0; u < m; u++) {
-                    si[u] = expf(si[u] - mx);
-                    sum += si[u];
-                }
-                const float keep = expf(toph[i] - mx); /* 0 for the first block */
+                const float before = toph[i], sum = exp_shifted(s + i * bs, m, &toph[i]);
+                const float keep = expf(before - toph[i]); /* 0 for the first block */
                 if (keep != 1.0f)
                     for (int64_t d = 0; d < DIM; d++) oh[i * DIM + d] *= keep;
                 totalh[i] = totalh[i] * keep + sum;
-                toph[i] = mx;
             }
             int64_t i = 0;
             for (; i + 1 < nq; i += 2) { /* the values, read once per pair of queries */
