@@ -194,6 +194,38 @@ def test_kernel_matches_the_gather_path_at_its_specialized_head_sizes(dim, nq, t
     torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("first,n", [(0, 1), (0, 40), (37, 1), (37, 16), (100, 121), (5, 33)])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_prefill_kernel_is_causal_attention_over_cached_and_own_keys(dim, first, n, threads):
+    g = torch.Generator().manual_seed(4)
+    heads, kv_heads, bs, blocks = 6, 2, 16, 30
+    k, v = torch.randn(blocks, bs, kv_heads, dim, generator=g), torch.randn(blocks, bs, kv_heads, dim, generator=g)
+    q = torch.randn(n, heads, dim, generator=g)
+    keys = first + n
+    table = torch.randperm(blocks, generator=g)[: -(-keys // bs) + 1]  # scattered, one block to spare
+    poisoned_k, poisoned_v = k.clone(), v.clone()  # keys past the last position must not count
+    last, at = table[(keys - 1) // bs], (keys - 1) % bs
+    poisoned_k[last, at + 1 :], poisoned_v[last, at + 1 :] = 1e6, 1e6
+    out = torch.empty_like(q)
+    cpu_kernel.paged_prefill(q, poisoned_k, poisoned_v, table, first, out)
+    gathered = [attention._gather(c, table[None])[:, :, :keys] for c in (k, v)]
+    mask = torch.arange(keys)[None, :] <= torch.arange(first, keys)[:, None]  # query i at position first + i
+    want = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], *gathered, attn_mask=mask,
+                                                            enable_gqa=True)[0].transpose(0, 1)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_kernel_refuses_a_table_too_short_or_outside_the_cache():
+    k = v = torch.zeros(8, 16, 2, 64)
+    q, out = torch.zeros(20, 4, 64), torch.zeros(20, 4, 64)
+    with pytest.raises(ValueError, match="do not fit the block table"):
+        cpu_kernel.paged_prefill(q, k, v, torch.tensor([0, 1]), 20, out)  # 40 keys, 32 slots
+    with pytest.raises(ValueError, match="do not fit the block table"):
+        cpu_kernel.paged_prefill(q, k, v, torch.tensor([0, 8]), 0, out)  # block 8 of 8
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu_kernel.paged_prefill(q.transpose(0, 1), k, v, torch.tensor([0, 1]), 0, out)
+
+
 # -- the GEMM of a decode step's few rows ------------------------------------------------------------
 
 

@@ -73,6 +73,23 @@ def test_greedy_matches_hf_generate_with_and_without_prefix_hits(tok, policy, at
     assert engine.last_stats["prefix_hit_rate"] > 0.5
 
 
+def test_greedy_matches_hf_at_head_size_64_where_prefill_attends_in_the_c_kernel(tok):
+    """The kernels' specialized head sizes: chunked prefill (chunks after cached keys), prefix hits and
+    multi-turn continuations run the causal prefill kernel, decoding the block and many-query loops."""
+    torch.manual_seed(5)
+    model = spread(Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tok), hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=256, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=None)))
+    prompts = random_prompts(len(tok), 6, max_len=100, seed=4)
+    shared = [prompts[0][:50] + p for p in random_prompts(len(tok), 3, seed=5)]
+    engine = Engine(model, tok, EngineConfig(max_batched_tokens=40))
+    assert engine_tokens(engine, prompts + shared) == hf_greedy(model, tok, prompts + shared)
+    assert engine.last_stats["prefix_hit_rate"] > 0
+    turns = [p + out + p[:30] for p, out in zip(prompts, engine_tokens(engine, prompts), strict=True)]
+    assert engine_tokens(engine, turns) == hf_greedy(model, tok, turns)
+
+
 def test_greedy_groups_fork_and_share_their_prefix_exactly(tok, policy, attention_path):
     prompts = random_prompts(len(tok), 5, max_len=120, seed=3)
     engine = Engine(policy, tok)

@@ -85,8 +85,13 @@ def _gather(cache: Tensor, tables: Tensor) -> Tensor:
 def _prefill_each(q: Tensor, k_cache: Tensor, v_cache: Tensor, g: AttentionGroup, out: Tensor) -> None:
     """Each prefilling sequence's chunk over its cached keys and its own, written into out's rows."""
     bs = k_cache.shape[1]
+    kernel = cpu_kernel.prefill_usable(q, k_cache)
     for b, (start, n, first) in enumerate(g.spans):
         keys = first + n
+        if kernel:
+            cpu_kernel.paged_prefill(q[start : start + n], k_cache, v_cache, g.block_tables[b], first,
+                                     out[start : start + n])
+            continue
         table = g.block_tables[b : b + 1, : -(-keys // bs)]
         k, v = _gather(k_cache, table)[:, :, :keys], _gather(v_cache, table)[:, :, :keys]
         qb = q[start : start + n].transpose(0, 1)[None]  # [1, H, n, D]

@@ -36,6 +36,7 @@ _P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {  # name: (argument types, result type)
     "paged_attention_f32": ([_P] * 7 + [_I] * 7 + [_F, _INT], _INT),
     "paged_attention_shared_f32": ([_P] * 8 + [_I] * 9 + [_F, _INT], _INT),
+    "paged_prefill_f32": ([_P] * 4 + [_I] * 2 + [_P] + [_I] * 6 + [_F, _INT], _INT),
     "add_rms_norm_f32": ([_P] * 5 + [_I] * 6 + [_F, _INT], None),
     "silu_mul_f32": ([_P] * 5 + [_I] * 5 + [_INT, _INT], None),
     "qkv_rope_f32": ([_P, _I, _I] * 3 + [_P] * 10 + [_I] * 6 + [_INT], _INT),
@@ -105,6 +106,33 @@ def paged_attention_shared(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: 
                          "its table, or a member is not a row")
     if rc != 0:
         raise MemoryError("paged_attention_shared: out of memory for the attention scores")
+
+
+def prefill_usable(q: Tensor, k_cache: Tensor) -> bool:
+    return usable(q, k_cache) and q.shape[-1] in (64, 128) and q.is_contiguous()
+
+
+def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, table: Tensor, first: int, out: Tensor) -> None:
+    """Causal attention of one sequence's prefill chunk, into `out`: q and out [n, H, D] (D 64 or 128,
+    contiguous), the chunk's queries at positions first .. first + n - 1; their keys 0 .. first + n - 1
+    sit in the cache (one layer's [blocks, block_size, Hkv, D]) at the blocks of `table` [M] int64."""
+    n, H, D = q.shape
+    Hkv = k_cache.shape[2]
+    if not (q.is_contiguous() and out.is_contiguous() and out.shape == q.shape and k_cache.is_contiguous()
+            and v_cache.is_contiguous() and k_cache.shape == v_cache.shape and k_cache.shape[3] == D):
+        raise ValueError(f"paged_prefill: queries {tuple(q.shape)} and output {tuple(out.shape)} must be contiguous "
+                         f"and fit the caches {tuple(k_cache.shape)}")
+    if table.dtype != torch.int64 or table.dim() != 1:
+        raise ValueError("paged_prefill: the block table must be one int64 row")
+    table = table.contiguous()
+    rc = _library().paged_prefill_f32(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(), first, n, out.data_ptr(), H, Hkv, D,
+        k_cache.shape[1], table.shape[0], k_cache.shape[0], D ** -0.5, torch.get_num_threads())
+    if rc == -2:
+        raise ValueError(f"paged_prefill: {first + n} keys of head size {D} with {H} query and {Hkv} KV heads do "
+                         "not fit the block table and cache (head size 64 or 128, query heads a multiple of KV heads)")
+    if rc != 0:
+        raise MemoryError("paged_prefill: out of memory for the attention scores")
 
 
 # -- the fused elementwise kernels ------------------------------------------------------------------

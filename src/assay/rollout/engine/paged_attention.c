@@ -206,23 +206,26 @@ static void row_any(const float *q, const float *k, const float *v, const int64_
  * an FMA of a broadcast key element, with no horizontal sum, the softmax runs down each lane, and the
  * value pass multiplies each value vector into eight queries' accumulators. `token` > 0 (the first of
  * a cluster's heads, all of which this thread runs): also request every head's key and value of the
- * tokens 16 ahead into L2, `token` floats from head h's vector back by h heads.
+ * tokens 16 ahead into L2, `token` floats from head h's vector back by h heads. Query i sits at q + i * qs
+ * (its output at o + i * qs) and sees keys up to last + i: causal for a prefill chunk, whose first query
+ * is at position `last`; a decoding call passes last = n, which masks nothing.
  * scratch: (DIM + n) * QUERY_LANES floats. */
 #define QUERY_LANES 16
 #define MANY_QUERIES 12 /* from this many queries a (row, head) takes many_kernel */
 typedef float vq __attribute__((vector_size(QUERY_LANES * 4)));
 
-static inline __attribute__((always_inline)) void many_kernel(const int DIM, const float *q, const float *k,
-                                                              const float *v, const int64_t *off, int64_t n,
-                                                              float *o, float *lse, float *scratch, int64_t nq,
-                                                              float scale, int64_t token, int64_t h)
+static inline __attribute__((always_inline)) void many_kernel(const int DIM, const float *q, int64_t qs,
+                                                              const float *k, const float *v, const int64_t *off,
+                                                              int64_t n, int64_t last, float *o, float *lse,
+                                                              float *scratch, int64_t nq, float scale, int64_t token,
+                                                              int64_t h)
 {
     enum { L = QUERY_LANES };
     float *qt = scratch, *st = qt + DIM * L; /* qt [DIM][L] the queries; st [n][L] scores, then weights */
     for (int64_t i0 = 0; i0 < nq; i0 += L) {
         const int64_t qn = nq - i0 < L ? nq - i0 : L;
         for (int d = 0; d < DIM; d++)
-            for (int l = 0; l < L; l++) qt[d * L + l] = l < qn ? q[(i0 + l) * DIM + d] * scale : 0.0f;
+            for (int l = 0; l < L; l++) qt[d * L + l] = l < qn ? q[(i0 + l) * qs + d] * scale : 0.0f;
         int64_t t = 0;
         for (; t + 4 <= n; t += 4) {
             const float *k0 = k + off[t] * DIM, *k1 = k + off[t + 1] * DIM, *k2 = k + off[t + 2] * DIM,
@@ -253,6 +256,9 @@ static inline __attribute__((always_inline)) void many_kernel(const int DIM, con
             }
             memcpy(st + t * L, &a, sizeof a);
         }
+        for (int64_t u = last + i0 + 1; u < n; u++) /* causal: lane l sees keys up to last + i0 + l */
+            for (int l = 0; l < L; l++)
+                if (u > last + i0 + l) st[u * L + l] = -INFINITY;
         float top[L], total[L];
         for (int l = 0; l < L; l++) top[l] = -INFINITY, total[l] = 0.0f;
         for (int64_t u = 0; u < n; u++)
@@ -276,23 +282,25 @@ static inline __attribute__((always_inline)) void many_kernel(const int DIM, con
                 const vq acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
                 for (int64_t j = 0; j < 8 && j0 + j < qn; j++) {
                     const vq r = acc[j] * (1.0f / total[j0 + j]);
-                    memcpy(o + (i0 + j0 + j) * DIM + c * L, &r, sizeof r);
+                    memcpy(o + (i0 + j0 + j) * qs + c * L, &r, sizeof r);
                 }
             }
         for (int64_t j = 0; j < qn; j++) lse[i0 + j] = top[j] + logf(total[j]);
     }
 }
 
-static void many_64(const float *q, const float *k, const float *v, const int64_t *off, int64_t n, float *o,
-                    float *lse, float *scratch, int64_t nq, float scale, int64_t token, int64_t h)
+static void many_64(const float *q, int64_t qs, const float *k, const float *v, const int64_t *off, int64_t n,
+                    int64_t last, float *o, float *lse, float *scratch, int64_t nq, float scale, int64_t token,
+                    int64_t h)
 {
-    many_kernel(64, q, k, v, off, n, o, lse, scratch, nq, scale, token, h);
+    many_kernel(64, q, qs, k, v, off, n, last, o, lse, scratch, nq, scale, token, h);
 }
 
-static void many_128(const float *q, const float *k, const float *v, const int64_t *off, int64_t n, float *o,
-                     float *lse, float *scratch, int64_t nq, float scale, int64_t token, int64_t h)
+static void many_128(const float *q, int64_t qs, const float *k, const float *v, const int64_t *off, int64_t n,
+                     int64_t last, float *o, float *lse, float *scratch, int64_t nq, float scale, int64_t token,
+                     int64_t h)
 {
-    many_kernel(128, q, k, v, off, n, o, lse, scratch, nq, scale, token, h);
+    many_kernel(128, q, qs, k, v, off, n, last, o, lse, scratch, nq, scale, token, h);
 }
 
 /* All Hkv heads of one row, a cache block at a time, with an online softmax (the running maximum and
@@ -441,7 +449,7 @@ static int attend_heads(const float *q, const float *k, const float *v, const in
             float *oh = o + (h - h0) * nq * D, *lh = lse + (h - h0) * nq;
             key_offsets(table, n, bs, Hkv, h, off);
             if (many)
-                (D == 64 ? many_64 : many_128)(qh, k, v, off, n, oh, lh, s, nq, scale,
+                (D == 64 ? many_64 : many_128)(qh, D, k, v, off, n, n, oh, lh, s, nq, scale,
                                                per == Hkv && h == 0 ? Hkv * D : 0, h);
             else if (D == 64)
                 row_64(qh, k, v, off, n, oh, lh, s, nq, scale);
@@ -567,6 +575,46 @@ int paged_attention_shared_f32(const float *q, const float *k, const float *v, c
             }
         }
         free(qb);
+    }
+    return failed ? -1 : 0;
+}
+
+/* Causal attention of one sequence's prefill chunk: its n queries sit at positions first .. first + n - 1
+ * and attend keys 0 .. first + n - 1 (the cached ones and the chunk's own, already written), read in place
+ * from the blocks of `table`. Compute-bound, so it runs on many_kernel: a task is one query head and up to
+ * QUERY_LANES consecutive queries over the keys the last of them sees, the keys past each query masked.
+ * Tasks go longest first (the last chunk of queries sees the most keys), to whichever thread is free.
+ *   q, out [n, H, D]  (D 64 or 128)   table [M] int64
+ * 0 on success; -1 out of memory; -2 the keys exceed the table or a block is outside the cache. */
+int paged_prefill_f32(const float *q, const float *k, const float *v, const int64_t *table, int64_t first,
+                      int64_t n, float *out, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t M,
+                      int64_t blocks, float scale, int threads)
+{
+    const int64_t keys = first + n;
+    if (keys > M * bs || (D != 64 && D != 128) || H % Hkv != 0) return -2;
+    for (int64_t j = 0; j < (keys + bs - 1) / bs; j++)
+        if (table[j] < 0 || table[j] >= blocks) return -2;
+    const int64_t chunks = (n + QUERY_LANES - 1) / QUERY_LANES, tasks = chunks * H, group = H / Hkv;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        void *scratch = malloc(sizeof(int64_t) * keys + sizeof(float) * (D + keys) * QUERY_LANES);
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++) {
+            if (scratch == NULL) continue;
+            const int64_t i0 = (chunks - 1 - task / H) * QUERY_LANES, h = task % H;
+            const int64_t qn = n - i0 < QUERY_LANES ? n - i0 : QUERY_LANES, seen = first + i0 + qn;
+            int64_t *off = scratch;
+            float *s = (float *)(off + keys), lse[QUERY_LANES];
+            key_offsets(table, seen, bs, Hkv, h / group, off);
+            (D == 64 ? many_64 : many_128)(q + (i0 * H + h) * D, H * D, k, v, off, seen, first + i0,
+                                           out + (i0 * H + h) * D, lse, s, qn, scale, 0, 0);
+        }
+        free(scratch);
     }
     return failed ? -1 : 0;
 }
