@@ -246,6 +246,26 @@ def test_both_gemm_libraries_give_transformers_greedy_tokens(tok, policy, gemm):
     assert engine_tokens(engine, prompts) == hf_greedy(policy, tok, prompts)
 
 
+def test_the_c_decode_step_samples_exactly_what_the_layer_by_layer_forward_does(tok, policy, monkeypatch):
+    """Few decoding rows run every layer in one C call: the same kernels in the same order, so the same
+    tokens and the same logprobs to the bit, shared-prefix merges (two groups of four) included."""
+    from assay.rollout.engine import cpu_kernel, onednn
+    from assay.rollout.engine import model as paged
+
+    if cpu_kernel._library() is None or not onednn.available():
+        pytest.skip("the C step runs on the C kernels' panels beside oneDNN")
+    prompts = random_prompts(len(tok), 2, max_len=60, seed=6)
+    requests = [GenRequest(p, SamplingParams(temperature=1.0, max_tokens=30, seed=i), n=4) for i, p in enumerate(prompts)]
+    steps = []
+    in_c = paged.PagedModel._decode_step_in_c
+    monkeypatch.setattr(paged.PagedModel, "_decode_step_in_c", lambda self, b: steps.append(b) or in_c(self, b))
+    got = Engine(policy, tok).generate(requests)
+    assert len(steps) >= 25 and any(b.groups[0].shared is not None for b in steps)
+    monkeypatch.setattr(paged.PagedModel, "_few_decodes", lambda self, b: False)
+    want = Engine(policy, tok).generate(requests)
+    assert [[(r.token_ids, r.logprobs) for r in g] for g in got] == [[(r.token_ids, r.logprobs) for r in g] for g in want]
+
+
 def test_an_in_place_write_to_the_weights_reaches_the_packed_gemms(tok, model):
     """An optimizer step writes the parameters in place, without update_weights: the engine runs the new
     weights next (each packed copy is remade when its weight's version moves)."""

@@ -30,7 +30,7 @@ from assay.core.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("paged_attention.c")
+_SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.c", "decode_step.c"))
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 _P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {  # name: (argument types, result type)
@@ -43,6 +43,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "skinny_linear_f32": ([_P, _I, _P, _P, _P, _I, _I, _I, _INT], _INT),
     "skinny_panel_f32": ([], _INT),
     "skinny_rows_f32": ([], _INT),
+    "decode_step_f32": ([_P, _I] + [_P] * 9 + [_I] * 2 + [_P] * 2 + [_I] + [_P] * 3 + [_I] * 10 + [_F, _F, _INT], _INT),
 }
 
 
@@ -273,6 +274,51 @@ def skinny_linear(x: Tensor, panels: Tensor, bias: Tensor | None, n: int) -> Ten
     return y
 
 
+# -- a whole decode step of few rows -------------------------------------------------------------------
+
+
+def weight_pointers(tensors: list[Tensor | None]) -> ctypes.Array:
+    """The addresses `decode_step` reads each layer's weights at (NULL for a missing bias), in its order:
+    input norm, qkv panels, qkv bias, o panels, o bias, post-attention norm, gate|up panels, gate|up bias,
+    down panels, down bias. The tensors must outlive the array."""
+    return (ctypes.c_void_p * len(tensors))(*(None if t is None else t.data_ptr() for t in tensors))
+
+
+def decode_step(weights: ctypes.Array, h: Tensor, x: Tensor, final_norm: Tensor, cos: Tensor, sin: Tensor,
+                positions: Tensor, slots: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, lengths: Tensor,
+                prefix: tuple[Tensor, Tensor, Tensor] | None, num_heads: int, intermediate: int, eps: float) -> None:
+    """Every layer of a decode step of M <= `skinny_rows()` rows in one C call (decode_step.c): h [M, n], the
+    embedded tokens, becomes the residual stream and x its final norm. Caches [layers, blocks, block_size,
+    Hkv, D]; tables [M, width] and lengths [M] each row's own blocks; prefix: the shared prefixes' tables,
+    lengths and members, as `paged_attention_shared` takes them. `weights` from `weight_pointers`, ten a
+    layer (trusted: the model makes them from its own packed weights)."""
+    M, n = h.shape
+    layers, blocks, bs, Hkv, D = k_cache.shape
+    if not (1 <= M <= skinny_rows()) or not (h.is_contiguous() and x.is_contiguous() and x.shape == h.shape):
+        raise ValueError(f"decode_step: {M} contiguous rows of h and x expected, at most {skinny_rows()}")
+    if len(weights) != 10 * layers or k_cache.shape != v_cache.shape or not k_cache.is_contiguous() \
+            or not v_cache.is_contiguous() or num_heads % Hkv != 0:
+        raise ValueError(f"decode_step: {len(weights)} weights and caches {tuple(k_cache.shape)} do not fit "
+                         f"{layers} layers of {num_heads} heads")
+    if any(t.dtype != torch.int64 for t in (positions, slots, tables, lengths, *(prefix or ()))) or tables.shape[0] != M \
+            or lengths.shape != (M,) or positions.shape != (M,) or slots.shape != (M,):
+        raise ValueError("decode_step: positions, slots, tables and lengths must be int64, one row each")
+    tables, lengths, positions, slots = tables.contiguous(), lengths.contiguous(), positions.contiguous(), \
+        slots.contiguous()
+    pre_tables, pre_lengths, members = (t.contiguous() for t in prefix) if prefix is not None else (None,) * 3
+    rc = _library().decode_step_f32(
+        weights, layers, h.data_ptr(), x.data_ptr(), final_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        positions.data_ptr(), slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), blocks, bs,
+        tables.data_ptr(), lengths.data_ptr(), tables.shape[1], _ptr(pre_tables), _ptr(pre_lengths), _ptr(members),
+        0 if members is None else members.shape[0], 0 if members is None else members.shape[1],
+        0 if pre_tables is None else pre_tables.shape[1], M, n, num_heads, Hkv, D, intermediate, cos.shape[0],
+        D ** -0.5, eps, torch.get_num_threads())
+    if rc == -2:
+        raise ValueError("decode_step: a position, slot or block is outside its table or the cache")
+    if rc != 0:
+        raise MemoryError("decode_step: out of memory for the step's activations")
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("ASSAY_CPU_KERNEL", "1") == "0":
@@ -294,14 +340,14 @@ def _build() -> Path:
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         raise OSError("no C compiler (cc) on PATH")
-    key = hashlib.sha256(b"\0".join([_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), cc.encode(),
+    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in _SOURCES), " ".join(_FLAGS).encode(), cc.encode(),
                                      _cpu_signature().encode()])).hexdigest()[:16]
     cache = Path(os.environ.get("ASSAY_CACHE_DIR", Path.home() / ".cache" / "assay")) / "kernels"
     target = cache / f"paged_attention-{key}.so"
     if target.exists():
         return target
     with atomic_path(target) as built:
-        proc = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True,
+        proc = subprocess.run([cc, *_FLAGS, *map(str, _SOURCES), "-o", str(built), "-lm"], capture_output=True, text=True,
                               timeout=120)
         if proc.returncode != 0:
             raise OSError(f"{cc} failed: {proc.stderr.strip()[:300]}")

@@ -11,6 +11,7 @@ QKV and MLP biases, tied embeddings, and Qwen3's RMSNorm of each head's queries 
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,13 @@ class PagedModel:
         self.lm_head = model.lm_head
         self.layers = inner.layers
         self.silu = getattr(cfg, "hidden_act", None) in ("silu", "swish")  # the fused kernels compute SiLU
+        self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
+        self.intermediate = cfg.intermediate_size
+        # each layer's weights as the C decode step takes them: norm, qkv, o, norm, gate|up, down
+        self.step_weights = [(layer.input_layernorm.weight, _side_by_side(a.q_proj, a.k_proj, a.v_proj),
+                              _side_by_side(a.o_proj), layer.post_attention_layernorm.weight,
+                              _side_by_side(layer.mlp.gate_proj, layer.mlp.up_proj), _side_by_side(layer.mlp.down_proj))
+                             for layer in self.layers for a in (layer.self_attn,)]
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.packs = _packed_weights(gemm, param)
@@ -87,7 +95,7 @@ class PagedModel:
     def forward(self, batch: Batch) -> Tensor:
         """Write the K/V of `batch.tokens` into the cache and return float32 logits at `logits_at`."""
         if self.silu and cpu_kernel.fused_usable(self.embed):
-            return self._forward_fused(batch)
+            return self._decode_step_in_c(batch) if self._few_decodes(batch) else self._forward_fused(batch)
         h = F.embedding(batch.tokens, self.embed)
         cos, sin = self.cos[batch.positions][:, None, :], self.sin[batch.positions][:, None, :]
         T = h.shape[0]
@@ -148,6 +156,34 @@ class PagedModel:
         cpu_kernel.add_rms_norm(h, delta, bias, self.norm, x, self.eps)
         return self._gemm(x[batch.logits_at], self.lm_head.weight, self.lm_head.bias).float()
 
+    def _few_decodes(self, batch: Batch) -> bool:
+        """Only decoding rows, few enough for the C kernels' panels, of a model whose every op the C step has."""
+        T, g = batch.tokens.shape[0], batch.groups
+        return (self.packs is not None and not self.qk_norm and 0 < T <= self.packs.skinny_rows and len(g) == 1
+                and g[0].start == 0 and g[0].rows is not None and tuple(g[0].rows.shape) == (T, 1))
+
+    def _decode_step_in_c(self, batch: Batch) -> Tensor:
+        """`_forward_fused` of a few decoding rows as one C call over every layer (`cpu_kernel.decode_step`):
+        the same kernels in the same order, so the same results, without returning to Python between them."""
+        g = batch.groups[0]
+        h = F.embedding(batch.tokens, self.embed)
+        x = torch.empty_like(h)
+        s = g.shared
+        cpu_kernel.decode_step(self._step_pointers(), h, x, self.norm, self.cos, self.sin, batch.positions, batch.slots,
+                               self.k_cache, self.v_cache, g.block_tables, g.lengths,
+                               None if s is None else (s.tables, s.lengths, s.targets), self.num_heads,
+                               self.intermediate, self.eps)
+        return self._gemm(x[batch.logits_at], self.lm_head.weight, self.lm_head.bias).float()
+
+    def _step_pointers(self) -> ctypes.Array:
+        """The addresses of each layer's norms and current packed weights (`cpu_kernel.weight_pointers`)."""
+        tensors: list[Tensor | None] = []
+        for norm, qkv, o, post_norm, gate_up, down in self.step_weights:
+            p = [self.packs.panels(*w) for w in (qkv, o, gate_up, down)]
+            tensors += [norm, p[0].panels, p[0].bias, p[1].panels, p[1].bias, post_norm, p[2].panels, p[2].bias,
+                        p[3].panels, p[3].bias]
+        return cpu_kernel.weight_pointers(tensors)
+
     def _gemm(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return _linear(x, weight, bias) if self.packs is None else self.packs.linear(x, weight, bias)
 
@@ -179,6 +215,10 @@ def _packed_weights(gemm: str, param: Tensor) -> onednn.PackedWeights | None:
                          f"this model is {param.dtype} on {param.device.type} (oneDNN in this torch: "
                          f"{onednn.available()}): use rollout.gemm: auto or torch")
     return onednn.PackedWeights() if usable and gemm != "torch" else None
+
+
+def _side_by_side(*linears: torch.nn.Linear) -> tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]:
+    return tuple(m.weight for m in linears), tuple(m.bias for m in linears)
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:

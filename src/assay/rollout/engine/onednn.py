@@ -72,19 +72,29 @@ class PackedWeights:
 
     def linear_cat(self, x: Tensor, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> Tensor:
         """x @ cat(weights).T + cat(biases): [T, sum of the weights' rows]; a missing bias counts as zeros."""
+        if 0 < x.shape[0] <= self.skinny_rows and x.stride(-1) == 1:
+            pack = self.panels(weights, biases)
+            return cpu_kernel.skinny_linear(x, pack.panels, pack.bias, pack.rows)
+        pack = self._current(weights, biases)
+        if pack.onednn is None:
+            pack.onednn = _pack(_join(weights))
+        return _linear(x.contiguous(), pack.onednn, pack.bias)
+
+    def panels(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
+        """The current pack of these weights side by side, with its panels for the C kernels made."""
+        pack = self._current(weights, biases)
+        if pack.panels is None:
+            pack.panels = cpu_kernel.pack_panels(_join(weights))
+        return pack
+
+    def _current(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
         tensors = weights + tuple(b for b in biases if b is not None)
         key = tuple(id(t) for t in tensors)
         stamp = tuple((t._version, t.data_ptr()) for t in tensors)
         pack = self._packs.get(key)
         if pack is None or pack.stamp != stamp:
             pack = self._packs[key] = _Pack(stamp, _joined_bias(weights, biases), sum(w.shape[0] for w in weights))
-        if 0 < x.shape[0] <= self.skinny_rows and x.stride(-1) == 1:
-            if pack.panels is None:
-                pack.panels = cpu_kernel.pack_panels(_join(weights))
-            return cpu_kernel.skinny_linear(x, pack.panels, pack.bias, pack.rows)
-        if pack.onednn is None:
-            pack.onednn = _pack(_join(weights))
-        return _linear(x.contiguous(), pack.onednn, pack.bias)
+        return pack
 
 
 def _join(weights: tuple[Tensor, ...]) -> Tensor:
