@@ -7,9 +7,11 @@ never repeated per query head. Decoding in float32 on the CPU reads the blocks i
 kernel of `cpu_kernel` instead of gathering them (decode is memory-bound there), writing straight into
 the step's output when the decoding rows are the first of the batch (the scheduler puts them there).
 
-Prefilling on the CPU goes a sequence at a time (`_prefill_each`): no padding to the longest chunk,
-and a chunk with no cached keys before it runs SDPA's causal kernel, which skips the masked half of
-long prompts. On an accelerator the prefilling sequences are one padded batch under a mask.
+Prefilling on the CPU goes a sequence at a time (`_prefill_each`), with no padding to the longest
+chunk: in float32 at head sizes 64 and 128 through the C kernel's causal prefill, read in place;
+otherwise gathered into SDPA (its causal kernel when no keys are cached before the chunk, which skips
+the masked half of long prompts). On an accelerator the prefilling sequences are one padded batch
+under a mask.
 
 Decoding sequences that share leading blocks (the samples of one GRPO group share their prompt)
 attend in two parts, merged exactly by their log-sum-exp: the shared prefix once for the whole
