@@ -1,5 +1,5 @@
-"""The C kernels (`paged_attention.c`) for float32 on the CPU: paged attention, and the elementwise
-work between a layer's GEMMs.
+"""The C kernels for float32 on the CPU (`kernels.h` and the C files beside it): paged attention, the
+elementwise work between a layer's GEMMs, the GEMM of a decode step's few rows, and a whole decode step.
 
 Decoding is memory-bound on the CPU, and the PyTorch path first gathers every row's keys and
 values into a padded copy, then reads the copy: three passes over the cache where the kernel makes
@@ -30,7 +30,9 @@ from assay.core.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
-_SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.c", "decode_step.c"))
+_SOURCES = tuple(Path(__file__).with_name(name)
+                 for name in ("paged_attention.c", "elementwise.c", "skinny_linear.c", "decode_step.c"))
+_HEADER = Path(__file__).with_name("kernels.h")
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 _P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {  # name: (argument types, result type)
@@ -340,7 +342,7 @@ def _build() -> Path:
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         raise OSError("no C compiler (cc) on PATH")
-    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in _SOURCES), " ".join(_FLAGS).encode(), cc.encode(),
+    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in (*_SOURCES, _HEADER)), " ".join(_FLAGS).encode(), cc.encode(),
                                      _cpu_signature().encode()])).hexdigest()[:16]
     cache = Path(os.environ.get("ASSAY_CACHE_DIR", Path.home() / ".cache" / "assay")) / "kernels"
     target = cache / f"paged_attention-{key}.so"

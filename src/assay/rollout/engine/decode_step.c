@@ -1,5 +1,5 @@
 /* A decode step of few rows (at most SKINNY_ROWS), every layer in one call: the kernels of
- * paged_attention.c in the order the Python forward calls them, with no return to Python between them.
+ * kernels.h in the order the Python forward calls them, with no return to Python between them.
  * At a few rows the step's C work is ~15 ms on the benchmark model, and the Python around each of its
  * ~70 kernel calls (attribute lookups, layout checks, allocations, ctypes) cost ~2-3 ms more.
  *
@@ -12,27 +12,9 @@
  * prefix, when clusters > 0: pre_tables [clusters, pre_width], pre_lens [clusters], members
  * [clusters, group] (paged_attention_shared_f32). On return x holds the final norm of h.
  * 0 on success; -1 out of memory; -2 a position, slot or block outside its table or the cache. */
-#include <stdint.h>
 #include <stdlib.h>
 
-void add_rms_norm_f32(float *h, const float *delta, const float *bias, const float *w, float *x, int64_t T,
-                      int64_t n, int64_t ts, int64_t js, int64_t xts, int64_t xjs, float eps, int threads);
-void silu_mul_f32(const float *gate, const float *up, const float *bg, const float *bu, float *act, int64_t R,
-                  int64_t Cn, int64_t grs, int64_t ars, int64_t acs, int bias_axis, int threads);
-int qkv_rope_f32(const float *q, int64_t qts, int64_t qjs, const float *k, int64_t kts, int64_t kjs,
-                 const float *v, int64_t vts, int64_t vjs, const float *bq, const float *bk, const float *bv,
-                 const float *cos_t, const float *sin_t, const int64_t *pos, const int64_t *slot, float *q_out,
-                 float *k_cache, float *v_cache, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t positions,
-                 int64_t slots, int threads);
-int paged_attention_f32(const float *q, const float *k, const float *v, const int64_t *tables,
-                        const int64_t *lens, float *out, float *lse, int64_t R, int64_t Hkv, int64_t nq,
-                        int64_t D, int64_t bs, int64_t M, int64_t blocks, float scale, int threads);
-int paged_attention_shared_f32(const float *q, const float *k, const float *v, const int64_t *tables,
-                               const int64_t *lens, const int64_t *members, float *out, float *lse, int64_t C,
-                               int64_t G, int64_t B, int64_t Hkv, int64_t nq, int64_t D, int64_t bs, int64_t M,
-                               int64_t blocks, float scale, int threads);
-int skinny_linear_f32(const float *x, int64_t xrs, const float *wp, const float *bias, float *y, int64_t M,
-                      int64_t N, int64_t K, int threads);
+#include "kernels.h"
 
 enum { IN_NORM, QKV, QKV_BIAS, O, O_BIAS, POST_NORM, GATE_UP, GATE_UP_BIAS, DOWN, DOWN_BIAS, WEIGHTS };
 
