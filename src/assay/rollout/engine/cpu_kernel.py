@@ -345,7 +345,7 @@ def _build() -> Path:
     key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in (*_SOURCES, _HEADER)), " ".join(_FLAGS).encode(), cc.encode(),
                                      _cpu_signature().encode()])).hexdigest()[:16]
     cache = Path(os.environ.get("ASSAY_CACHE_DIR", Path.home() / ".cache" / "assay")) / "kernels"
-    target = cache / f"paged_attention-{key}.so"
+    target = cache / f"kernels-{key}.so"
     if target.exists():
         return target
     with atomic_path(target) as built:
@@ -353,8 +353,8 @@ def _build() -> Path:
                               timeout=120)
         if proc.returncode != 0:
             raise OSError(f"{cc} failed: {proc.stderr.strip()[:300]}")
-    for stale in cache.glob("paged_attention-*.so"):  # builds of older sources or flags (loaded copies stay valid)
-        if stale != target:
+    for stale in [*cache.glob("kernels-*.so"), *cache.glob("paged_attention-*.so")]:  # older sources or flags
+        if stale != target:  # (copies already loaded stay valid)
             stale.unlink(missing_ok=True)
     return target
 
