@@ -465,6 +465,16 @@ static int attend_heads(const float *q, const float *k, const float *v, const in
     return 0;
 }
 
+/* Whether a row's n keys fit its table of M blocks and each block it names lies in the cache: checked before
+ * anything is read, so that a bad table is an error, never a stray read. */
+static int table_fits(const int64_t *table, int64_t n, int64_t bs, int64_t M, int64_t blocks)
+{
+    if (n > M * bs) return 0;
+    for (int64_t j = 0; j < (n + bs - 1) / bs; j++)
+        if (table[j] < 0 || table[j] >= blocks) return 0;
+    return 1;
+}
+
 /* The heads of a row each thread task takes: all of them (a block at a time) when every thread gets a
  * row, else one, so that a single long row still splits over the threads. Tasks go to the threads in
  * turn (a static schedule), so a thread knows the row it takes next and requests its first block early. */
@@ -479,11 +489,8 @@ int paged_attention_f32(const float *q, const float *k, const float *v, const in
                         const int64_t *lens, float *out, float *lse, int64_t R, int64_t Hkv, int64_t nq,
                         int64_t D, int64_t bs, int64_t M, int64_t blocks, float scale, int threads)
 {
-    for (int64_t r = 0; r < R; r++) {
-        if (lens[r] > M * bs) return -2;
-        for (int64_t j = 0; j < (lens[r] + bs - 1) / bs; j++)
-            if (tables[r * M + j] < 0 || tables[r * M + j] >= blocks) return -2;
-    }
+    for (int64_t r = 0; r < R; r++)
+        if (!table_fits(tables + r * M, lens[r], bs, M, blocks)) return -2;
     int failed = 0;
     const int64_t per = heads_per_task(R, Hkv, threads), tasks = R * Hkv / per;
 #pragma omp parallel for schedule(static, 1) num_threads(threads)
@@ -521,9 +528,7 @@ int paged_attention_shared_f32(const float *q, const float *k, const float *v, c
                                int64_t blocks, float scale, int threads)
 {
     for (int64_t c = 0; c < C; c++) {
-        if (lens[c] > M * bs) return -2;
-        for (int64_t j = 0; j < (lens[c] + bs - 1) / bs; j++)
-            if (tables[c * M + j] < 0 || tables[c * M + j] >= blocks) return -2;
+        if (!table_fits(tables + c * M, lens[c], bs, M, blocks)) return -2;
         for (int64_t g = 0; g < G; g++)
             if (members[c * G + g] >= B) return -2;
     }
@@ -594,9 +599,7 @@ int paged_prefill_f32(const float *q, const float *k, const float *v, const int6
                       int64_t blocks, float scale, int threads)
 {
     const int64_t keys = first + n;
-    if (keys > M * bs || (D != 64 && D != 128) || H % Hkv != 0) return -2;
-    for (int64_t j = 0; j < (keys + bs - 1) / bs; j++)
-        if (table[j] < 0 || table[j] >= blocks) return -2;
+    if (!table_fits(table, keys, bs, M, blocks) || (D != 64 && D != 128) || H % Hkv != 0) return -2;
     const int64_t chunks = (n + QUERY_LANES - 1) / QUERY_LANES, tasks = chunks * H, group = H / Hkv;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
