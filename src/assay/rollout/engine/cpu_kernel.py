@@ -1,5 +1,6 @@
 """The C kernels for float32 on the CPU (`kernels.h` and the C files beside it): paged attention, the
-elementwise work between a layer's GEMMs, the GEMM of a decode step's few rows, and a whole decode step.
+elementwise work between a layer's GEMMs, the GEMM of a decode step's few rows, a whole decode step, and
+sampling a token per row.
 
 Decoding is memory-bound on the CPU, and the PyTorch path first gathers every row's keys and
 values into a padded copy, then reads the copy: three passes over the cache where the kernel makes
@@ -31,7 +32,7 @@ from assay.core.atomic import atomic_path
 log = logging.getLogger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(name)
-                 for name in ("paged_attention.c", "elementwise.c", "skinny_linear.c", "decode_step.c"))
+                 for name in ("paged_attention.c", "elementwise.c", "skinny_linear.c", "decode_step.c", "sampling.c"))
 _HEADER = Path(__file__).with_name("kernels.h")
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 _P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -45,6 +46,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "skinny_linear_f32": ([_P, _I, _P, _P, _P, _I, _I, _I, _INT], _INT),
     "skinny_panel_f32": ([], _INT),
     "skinny_rows_f32": ([], _INT),
+    "sample_rows_f32": ([_P, _I, _I, _P, _P, _P, _P, _INT], _INT),
     "decode_step_f32": ([_P, _I] + [_P] * 9 + [_I] * 2 + [_P] * 2 + [_I] + [_P] * 3 + [_I] * 10 + [_F, _F, _INT], _INT),
 }
 
@@ -319,6 +321,34 @@ def decode_step(weights: ctypes.Array, h: Tensor, x: Tensor, final_norm: Tensor,
         raise ValueError("decode_step: a position, slot or block is outside its table or the cache")
     if rc != 0:
         raise MemoryError("decode_step: out of memory for the step's activations")
+
+
+# -- sampling ------------------------------------------------------------------------------------------
+
+
+def sample_usable(logits: Tensor) -> bool:
+    return logits.device.type == "cpu" and logits.dtype == torch.float32 and _library() is not None
+
+
+def sample_rows(logits: Tensor, temperatures: list[float], uniforms: Tensor) -> tuple[list[int], list[float]]:
+    """A token per row of logits [N, V] from softmax(logits / temperature), untruncated, by inverse CDF at
+    the row's uniform (float64 [N], in [0, 1)), and its logprob (sampling.c)."""
+    N, V = logits.shape
+    if len(temperatures) != N or uniforms.shape != (N,) or uniforms.dtype != torch.float64 \
+            or any(not t > 0 for t in temperatures):
+        raise ValueError(f"sample_rows: {N} rows need {N} positive temperatures and {N} float64 uniforms")
+    logits = logits.contiguous()
+    inv = torch.tensor([1.0 / t for t in temperatures], dtype=torch.float32)
+    uniforms = uniforms.contiguous()
+    tokens, logprobs = torch.empty(N, dtype=torch.int64), torch.empty(N, dtype=torch.float32)
+    rc = _library().sample_rows_f32(logits.data_ptr(), N, V, inv.data_ptr(), uniforms.data_ptr(), tokens.data_ptr(),
+                                    logprobs.data_ptr(), torch.get_num_threads())
+    if rc == -2:
+        raise ValueError("sample_rows: a row of logits holds a NaN or no finite value (the model's output is "
+                         "broken: check its weights and inputs)")
+    if rc != 0:
+        raise MemoryError("sample_rows: out of memory")
+    return tokens.tolist(), logprobs.tolist()
 
 
 @functools.cache

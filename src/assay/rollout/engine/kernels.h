@@ -1,6 +1,7 @@
 /* The C kernels of the engine's float32 CPU path, compiled together into one library (cpu_kernel.py):
  * paged attention (paged_attention.c), the elementwise work between a layer's GEMMs (elementwise.c),
- * the GEMM of a decode step's few rows (skinny_linear.c) and a whole decode step (decode_step.c). */
+ * the GEMM of a decode step's few rows (skinny_linear.c), a whole decode step (decode_step.c) and
+ * sampling a token per row (sampling.c). */
 #ifndef ASSAY_KERNELS_H
 #define ASSAY_KERNELS_H
 
@@ -40,5 +41,7 @@ int decode_step_f32(const float *const *w, int64_t layers, float *h, float *x, c
                     int64_t width, const int64_t *pre_tables, const int64_t *pre_lens, const int64_t *members,
                     int64_t clusters, int64_t group, int64_t pre_width, int64_t M, int64_t n, int64_t H,
                     int64_t Hkv, int64_t D, int64_t inter, int64_t positions, float scale, float eps, int threads);
+int sample_rows_f32(const float *logits, int64_t N, int64_t V, const float *inv_temp, const double *u,
+                    int64_t *tokens, float *logprobs, int threads);
 
 #endif

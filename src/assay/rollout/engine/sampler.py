@@ -5,6 +5,10 @@ distribution before top-k / top-p / min-p truncation (for temperature 0, greedy,
 log_softmax). It is what the trainer recomputes from its own forward pass, so the two compare
 token by token; truncation is left out because the trainer cannot know the truncated support
 (with top_p=1, top_k=0, min_p=0, the RL default, the two coincide).
+
+That default, every row sampled and none truncated, runs in C on the CPU (`cpu_kernel.sample_rows`):
+one pass over each row for its maximum, one for its sum, and a scan of the 64 entries the uniform
+falls in, where PyTorch takes a dozen passes and allocations over [rows, vocab].
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 from torch import Tensor
 
 from assay.rollout.base import SamplingParams
+from assay.rollout.engine import cpu_kernel
 
 
 def sample(logits: Tensor, params: list[SamplingParams], streams: list[int | None],
@@ -22,22 +27,20 @@ def sample(logits: Tensor, params: list[SamplingParams], streams: list[int | Non
     A row with a stream key (a seeded request) draws its uniform from a counter-based generator keyed
     by (stream, position): its samples depend on nothing else, not on the batch it shares, nor on a
     preemption. Rows without one draw from torch's global generator."""
+    stochastic = [i for i, p in enumerate(params) if p.temperature > 0]
+    every = bool(stochastic) and len(stochastic) == len(params)
+    if every and not any(_truncates(p) for p in params) and cpu_kernel.sample_usable(logits):
+        return cpu_kernel.sample_rows(logits, [p.temperature for p in params], _uniforms(stochastic, streams, positions))
     if all(p.temperature in (0, 1) for p in params):  # dividing by 1 changes nothing: skip the pass
         logp = torch.log_softmax(logits, dim=-1)
     else:
         temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=logits.dtype,
                              device=logits.device)
         logp = torch.log_softmax(logits / temps[:, None], dim=-1)
-    stochastic = [i for i, p in enumerate(params) if p.temperature > 0]
-    every = bool(stochastic) and len(stochastic) == len(params)
     tokens = None if every else logp.argmax(dim=-1)  # greedy rows' tokens (not needed when none is greedy)
     if stochastic:
         probs = truncate((logp if every else logp[stochastic]).exp(), [params[i] for i in stochastic])
-        u = torch.rand(len(stochastic), dtype=torch.float64)  # drawn even when every row is seeded, as always
-        seeded = [j for j, i in enumerate(stochastic) if streams[i] is not None]
-        if seeded:
-            u[seeded] = torch.tensor([uniform(streams[stochastic[j]], positions[stochastic[j]]) for j in seeded],
-                                     dtype=torch.float64)
+        u = _uniforms(stochastic, streams, positions)
         cdf = probs.double().cumsum(-1)
         picked = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True).squeeze(-1)
         picked = picked.clamp_(max=probs.shape[-1] - 1)
@@ -47,6 +50,20 @@ def sample(logits: Tensor, params: list[SamplingParams], streams: list[int | Non
             tokens[stochastic] = picked
     chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
     return tokens.tolist(), chosen.tolist()
+
+
+def _uniforms(stochastic: list[int], streams: list[int | None], positions: list[int]) -> Tensor:
+    """The uniform each stochastic row samples at (float64)."""
+    u = torch.rand(len(stochastic), dtype=torch.float64)  # drawn even when every row is seeded, as always
+    seeded = [j for j, i in enumerate(stochastic) if streams[i] is not None]
+    if seeded:
+        u[seeded] = torch.tensor([uniform(streams[stochastic[j]], positions[stochastic[j]]) for j in seeded],
+                                 dtype=torch.float64)
+    return u
+
+
+def _truncates(p: SamplingParams) -> bool:
+    return p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0
 
 
 _MASK = 2**64 - 1
