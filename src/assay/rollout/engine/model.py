@@ -68,6 +68,11 @@ class PagedModel:
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.packs = _packed_weights(gemm, param)
+        if self.packs is not None:
+            for _, qkv, o, _, gate_up, down in self.step_weights:
+                for weights in (qkv, o, gate_up, down):
+                    self.packs.prepack(*weights)
+            self.packs.prepack(*_side_by_side(self.lm_head))
         rotary = inner.rotary_emb
         with torch.no_grad():
             pos = torch.arange(self.max_positions, device=self.device, dtype=torch.float32)

@@ -80,6 +80,13 @@ class PackedWeights:
             pack.onednn = _pack(_join(weights))
         return _linear(x.contiguous(), pack.onednn, pack.bias)
 
+    def prepack(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> None:
+        """Make every layout these weights will need now, as the engine starts, and not in its first
+        steps: at the bench model's 57M parameters, packing took ~0.45 s of the first long prefill."""
+        pack = self.panels(weights, biases) if self.skinny_rows else self._current(weights, biases)
+        if pack.onednn is None:
+            pack.onednn = _pack(_join(weights))
+
     def panels(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
         """The current pack of these weights side by side, with its panels for the C kernels made."""
         pack = self._current(weights, biases)
