@@ -34,6 +34,13 @@ def test_static_ratios_and_exact_counts():
     assert len({t.seed for t in tasks}) == 10
 
 
+def test_a_draw_can_be_limited_to_some_domains_by_their_ratios():
+    m = mixer([domain("a", 3), domain("b", 1), domain("c", 1)], strategy="static")
+    assert sorted(t.domain for t in m.sample(8, {"b", "c"})) == ["b"] * 4 + ["c"] * 4
+    assert sorted(t.domain for t in m.sample(4, {"a"})) == ["a"] * 4
+    assert m.sample(5, set()) == [] and m.ratios == {"a": 0.6, "b": 0.2, "c": 0.2}
+
+
 def test_sampling_is_deterministic_by_seed():
     ds = [domain("a"), domain("b", 2)]
     ids = [[t.task_id for t in mixer(ds, seed=s).sample(7)] for s in (5, 5, 6)]

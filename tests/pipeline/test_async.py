@@ -95,6 +95,29 @@ def test_refills_keep_async_equal_to_sync_at_no_staleness_and_reproducible_with_
     assert [_untimed(r) for r in a] == [_untimed(r) for r in b] and _same(wa, wb)
 
 
+def test_refills_come_only_from_the_domains_whose_groups_paid(tiny_config, tmp_path):
+    """train.refill_min_yield=1: a domain that dropped any group in a step gets none of its refills."""
+    import pandas as pd
+
+    from assay.train.advantages import has_signal
+
+    _run(tiny_config, tmp_path, "pay", "train.max_refill_rounds=2", "train.refill_min_yield=1.0")
+    rows = pd.read_parquet(tmp_path / "pay" / "trajectories")
+    rows["attempt"] = rows["group_id"].str.extract(r"^s\d+a(\d+)/")[0].astype(int)
+    checked = 0
+    for _, step in rows.groupby("step"):
+        for attempt in sorted(set(step["attempt"]) - {0}):
+            before = step[step["attempt"] < attempt]
+            signal = before.groupby("group_id").agg(domain=("domain", "first"),
+                                                    varies=("reward", lambda r: has_signal(list(r))))
+            paid = set(signal.groupby("domain")["varies"].all().loc[lambda v: v].index)
+            assert set(step[step["attempt"] == attempt]["domain"]) <= paid
+            checked += 1
+    assert checked  # refills ran, from domains that paid
+    dropped = any(not has_signal(list(g["reward"])) for _, g in rows.groupby("group_id"))
+    assert dropped  # and groups were dropped, so the limit had domains to leave out
+
+
 def test_a_worker_process_samples_what_the_rollout_thread_samples(tiny_config, tmp_path):
     """The worker process runs the same rollout on its own copy of the weights: with no staleness it is
     the synchronous pipeline exactly, with staleness 1 the threaded async pipeline exactly."""

@@ -5,7 +5,7 @@ from train_helpers import traj
 
 from assay.core.errors import AssayError
 from assay.core.types import SANDBOX_ERROR
-from assay.train.advantages import filter_zero_variance, group_advantages
+from assay.train.advantages import filter_zero_variance, group_advantages, paying_domains
 
 
 def batch():
@@ -73,3 +73,11 @@ def test_filter_zero_variance():
     kept, dropped = filter_zero_variance(trajs)
     assert dropped == 2  # g3 (constant) and g4
     assert [t.group_id for t in kept] == ["g1"] * 4 + ["g2"] * 3
+
+
+def test_refills_pay_in_the_domains_where_enough_groups_had_variance():
+    trajs = batch() + [traj([0, 1], [0, 1], r, "g5", "c") for r in (1.0, 1.0)]  # c: its one group constant
+    kept, _ = filter_zero_variance(trajs)  # a: g1 kept, g3 dropped (1 of 2); b: g2 kept (1 of 1)
+    assert paying_domains(trajs, kept, 0.5) == {"a", "b"}
+    assert paying_domains(trajs, kept, 0.75) == {"b"}
+    assert paying_domains(trajs, kept, 0.0) is None  # no limit: every domain, by the mixer's ratios

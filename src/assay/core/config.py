@@ -133,6 +133,9 @@ class TrainConfig(_Strict):
     updates_per_batch: int = Field(1, gt=0)  # optimizer steps per rollout batch (>1: PPO-style reuse)
     dynamic_sampling: bool = True  # drop zero-variance groups and refill
     max_refill_rounds: int = Field(2, ge=0)
+    # refills only from the domains where at least this share of the step's groups so far had reward
+    # variance (so a kept group costs at most 1 / refill_min_yield refill draws); 0: from every domain
+    refill_min_yield: float = Field(0.0, ge=0, le=1)
     loss: LossConfig = LossConfig()
     # logits only at the completion tokens, the output head run in recomputed chunks: for real
     # vocabularies (~150k), where full logits at every position do not fit

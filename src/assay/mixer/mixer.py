@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from assay.core.config import DomainConfig, MixerConfig
@@ -87,17 +87,24 @@ class DomainMixer:
 
     # -- sampling --------------------------------------------------------------------------------
 
-    def sample(self, n_groups: int) -> list[Task]:
+    def sample(self, n_groups: int, only: Collection[str] | None = None) -> list[Task]:
         """One task per GRPO group. Each domain gets floor(n·ratio) groups and the remainder is
-        drawn by the fractional parts, which keeps the batch close to the ratios even when small."""
+        drawn by the fractional parts, which keeps the batch close to the ratios even when small.
+        `only`: draw from these domains alone, by their ratios renormalized (none: no tasks)."""
         if n_groups < 0:
             raise AssayError(f"mixer.sample: n_groups must be >= 0, got {n_groups}")
         names = list(self.domains)
-        exact = [self.ratios[n] * n_groups for n in names]
+        shares = self.ratios
+        if only is not None:
+            total = sum(self.ratios[n] for n in names if n in only)
+            if total <= 0:
+                return []
+            shares = {n: self.ratios[n] / total if n in only else 0.0 for n in names}
+        exact = [shares[n] * n_groups for n in names]
         counts = [int(x) for x in exact]
         fracs = [x - c for x, c in zip(exact, counts, strict=True)]
         for _ in range(n_groups - sum(counts)):
-            weights = fracs if sum(fracs) > 0 else [self.ratios[n] for n in names]
+            weights = fracs if sum(fracs) > 0 else [shares[n] for n in names]
             i = self.rng.choices(range(len(names)), weights=weights)[0]
             counts[i] += 1
             fracs[i] = 0.0

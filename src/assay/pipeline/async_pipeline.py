@@ -110,14 +110,14 @@ class AsyncPipeline(SyncPipeline):
             while not ready() and not failed.is_set():
                 self._lock.wait(timeout=1.0)
 
-    def refill_tasks(self, n: int, step: int) -> list[Task]:
+    def refill_tasks(self, n: int, step: int, domains: set[str] | None = None) -> list[Task]:
         k = self.cfg.pipeline.max_staleness
         if k:  # after the mixer has seen step - k: the trainer updates it only once this step is drawn
             self._wait(lambda: self._seen >= step - k, self._failed)
         if self._failed.is_set():
             raise _Stopped
         with self._lock:
-            return self.mixer.sample(n)
+            return self.mixer.sample(n, domains)
 
     def _rollout_loop(self) -> None:
         cfg, k, failed = self.cfg, self.cfg.pipeline.max_staleness, self._failed

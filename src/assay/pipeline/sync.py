@@ -27,7 +27,7 @@ from assay.pipeline.ui import RunView
 from assay.pipeline.worker import rollout_tasks
 from assay.rollout.factory import make_backend
 from assay.rollout.weights import copy_weights
-from assay.train.advantages import filter_zero_variance
+from assay.train.advantages import filter_zero_variance, paying_domains
 from assay.train.lora import with_lora
 from assay.train.trainer import GRPOTrainer
 
@@ -104,7 +104,8 @@ class SyncPipeline:
                       ) -> tuple[list[Trajectory], list[Trajectory], int]:
         """(every trajectory sampled, those kept for training, groups dropped for zero variance), from
         `tasks` (default: drawn now). Dynamic sampling refills dropped groups with fresh tasks
-        (`refill_tasks`), a bounded number of times."""
+        (`refill_tasks`), a bounded number of times, from the domains where refills pay
+        (`paying_domains`)."""
         want = self.cfg.train.groups_per_step
         everything = self._rollout(tasks if tasks is not None else self.mixer.sample(want), step, 0)
         if not self.cfg.train.dynamic_sampling:
@@ -114,16 +115,20 @@ class SyncPipeline:
             missing = want - len({t.group_id for t in kept})
             if missing <= 0:
                 break
-            more = self._rollout(self.refill_tasks(missing, step), step, attempt)
+            tasks = self.refill_tasks(missing, step, paying_domains(everything, kept, self.cfg.train.refill_min_yield))
+            if not tasks:  # no domain pays
+                break
+            more = self._rollout(tasks, step, attempt)
             everything += more
             more_kept, more_dropped = filter_zero_variance(more)
             kept += more_kept
             dropped += more_dropped
         return everything, kept, dropped
 
-    def refill_tasks(self, n: int, step: int) -> list[Task]:
-        """Tasks to replace `n` dropped groups of step `step`: here the mixer's next draw."""
-        return self.mixer.sample(n)
+    def refill_tasks(self, n: int, step: int, domains: set[str] | None = None) -> list[Task]:
+        """Tasks to replace `n` dropped groups of step `step`, from `domains` (None: any): here the
+        mixer's next draw."""
+        return self.mixer.sample(n, domains)
 
     def run(self, view: RunView | None = None) -> None:
         cfg = self.cfg

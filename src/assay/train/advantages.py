@@ -98,3 +98,16 @@ def filter_zero_variance(trajs: Sequence[Trajectory]) -> tuple[list[Trajectory],
     all_groups = {t.group_id for t in trajs}
     kept = [t for t in trajs if t.group_id in keep]
     return kept, len(all_groups - keep)
+
+
+def paying_domains(trajs: Sequence[Trajectory], kept: Sequence[Trajectory], min_yield: float) -> set[str] | None:
+    """The domains where at least `min_yield` of the groups in `trajs` were kept (had reward variance):
+    a refill drawn there is worth its rollouts, since a kept group costs at most 1 / min_yield draws in
+    expectation. None when min_yield is 0 (every domain, the mixer's ratios alone decide)."""
+    if min_yield <= 0:
+        return None
+    drawn: dict[str, set[str]] = {}
+    for t in trajs:
+        drawn.setdefault(t.task.domain, set()).add(t.group_id)
+    good = {t.group_id for t in kept}
+    return {d for d, groups in drawn.items() if len(groups & good) >= min_yield * len(groups)}
