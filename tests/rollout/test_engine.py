@@ -283,6 +283,32 @@ def test_an_in_place_write_to_the_weights_reaches_the_packed_gemms(tok, model):
     assert after == hf_greedy(policy, tok, prompts) and after != before
 
 
+def test_the_weights_are_packed_as_the_engine_starts_and_again_only_after_they_change(tok, model, monkeypatch):
+    """Both layouts are made at start, so no timed call pays for packing; an in-place write repacks."""
+    import copy
+
+    from assay.rollout.engine import cpu_kernel, onednn
+
+    if not onednn.available():
+        pytest.skip("this torch has no oneDNN")
+    packed = []
+    for module, name in ((onednn, "_pack"), (cpu_kernel, "pack_panels")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda w, real=real: packed.append(w.shape) or real(w))
+    policy = copy.deepcopy(model)
+    engine = Engine(policy, tok)
+    groups = 4 * policy.config.num_hidden_layers + 1  # qkv, o, gate|up, down a layer; the output head
+    assert len(packed) == groups * (2 if cpu_kernel.skinny_rows() else 1)
+    packed.clear()
+    prompts = random_prompts(len(tok), 6, max_len=90, seed=5)  # prefill of many rows, decode of few
+    engine_tokens(engine, prompts)
+    assert packed == []
+    with torch.no_grad():
+        policy.lm_head.weight.mul_(1.0)  # an in-place write: a new version of the (tied) head
+    engine_tokens(engine, prompts)
+    assert packed and all(shape == policy.lm_head.weight.shape for shape in packed)
+
+
 def test_onednn_gemms_are_refused_where_they_cannot_run(tok, model):
     import copy
 

@@ -60,8 +60,8 @@ class PackedWeights:
     side by side: at a decode step's few rows a GEMM is bound by reading its weight, and one wide GEMM
     streams it faster than three narrow ones (docs/experiments.md R5). Up to `cpu_kernel.skinny_rows()`
     rows run on the C kernel's panels instead, which stream a weight faster than oneDNN does at so few
-    rows (R7). Each layout is made the first time a version of the weights meets its row count, so the
-    weights are joined once per layout, and a layout no call needs is never made."""
+    rows (R7). The engine makes both layouts as it starts (`prepack`); a newer version of the weights
+    gets each layout the first time a call needs it."""
 
     def __init__(self) -> None:
         self._packs: dict[tuple[int, ...], _Pack] = {}  # key: ids of the weights and biases
