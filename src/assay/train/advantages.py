@@ -102,8 +102,8 @@ def filter_zero_variance(trajs: Sequence[Trajectory]) -> tuple[list[Trajectory],
 
 def paying_domains(trajs: Sequence[Trajectory], kept: Sequence[Trajectory], min_yield: float) -> set[str] | None:
     """The domains where at least `min_yield` of the groups in `trajs` were kept (had reward variance):
-    a refill drawn there is worth its rollouts, since a kept group costs at most 1 / min_yield draws in
-    expectation. None when min_yield is 0 (every domain, the mixer's ratios alone decide)."""
+    at the rate the step has seen so far, a refill drawn there costs at most 1 / min_yield draws a kept
+    group. None when min_yield is 0 (every domain, the mixer's ratios alone decide)."""
     if min_yield <= 0:
         return None
     drawn: dict[str, set[str]] = {}

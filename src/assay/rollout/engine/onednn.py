@@ -82,7 +82,7 @@ class PackedWeights:
 
     def prepack(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> None:
         """Make every layout these weights will need now, as the engine starts, and not in its first
-        steps: at the bench model's 57M parameters, packing took ~0.45 s of the first long prefill."""
+        steps: at the bench model's 57M parameters, packing cost the first long prefill ~0.2-0.4 s (R11)."""
         pack = self.panels(weights, biases) if self.skinny_rows else self._current(weights, biases)
         if pack.onednn is None:
             pack.onednn = _pack(_join(weights))
