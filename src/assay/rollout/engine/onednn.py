@@ -75,17 +75,22 @@ class PackedWeights:
         if 0 < x.shape[0] <= self.skinny_rows and x.stride(-1) == 1:
             pack = self.panels(weights, biases)
             return cpu_kernel.skinny_linear(x, pack.panels, pack.bias, pack.rows)
-        pack = self._current(weights, biases)
-        if pack.onednn is None:
-            pack.onednn = _pack(_join(weights))
+        pack = self.blocked(weights, biases)
         return _linear(x.contiguous(), pack.onednn, pack.bias)
 
     def prepack(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> None:
         """Make every layout these weights will need now, as the engine starts, and not in its first
         steps: at the bench model's 57M parameters, packing cost the first long prefill ~0.2-0.4 s (R11)."""
-        pack = self.panels(weights, biases) if self.skinny_rows else self._current(weights, biases)
+        self.blocked(weights, biases)
+        if self.skinny_rows:
+            self.panels(weights, biases)
+
+    def blocked(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
+        """The current pack of these weights side by side, with oneDNN's blocked layout made."""
+        pack = self._current(weights, biases)
         if pack.onednn is None:
             pack.onednn = _pack(_join(weights))
+        return pack
 
     def panels(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
         """The current pack of these weights side by side, with its panels for the C kernels made."""
