@@ -4,7 +4,10 @@ asserted here)."""
 
 import pytest
 
-from assay.bench.rollout import QUICK_MODEL, QUICK_WORKLOADS, Settings, run_rollout_bench, summarize, table
+import time
+
+from assay.bench.rollout import (QUICK_MODEL, QUICK_WORKLOADS, Settings, machine_cpu_s, run_rollout_bench, summarize,
+                                 table)
 
 
 @pytest.mark.slow  # a fresh process per backend and workload: `make test-slow` (CI runs it)
@@ -19,6 +22,7 @@ def test_bench_rollout_alternates_fresh_processes_and_reports_every_workload():
     w = QUICK_WORKLOADS[0]
     for r in rows:
         assert r.seconds > 0 and r.peak_rss_mb > 0 and not r.note
+        assert r.busy_s > 0 and r.steal_s >= 0  # the machine computed while the run was timed
         if r.workload == grpo:  # every sample runs to its limit on every backend: the same work
             assert r.tokens == w.prompts * w.group * w.max_tokens
     engine_grpo = next(r for r in rows if r.workload == grpo and r.backend == "engine")
@@ -37,3 +41,13 @@ def test_a_backend_that_fails_is_a_row_naming_the_error():
     assert rows[0].tokens == 0 and "unknown backend 'warp-drive'" in rows[0].note
     summary = summarize(rows)
     assert "runs" not in summary[0] and summary[0]["note"] == rows[0].note
+
+
+def test_the_machines_busy_cpu_seconds_rise_with_work_done_here():
+    before = machine_cpu_s()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # 0.3 s of this process's CPU time
+        pass
+    after = machine_cpu_s()
+    assert after[0] - before[0] >= 0.2  # ticks of 10 ms; other processes only add to it
+    assert after[1] >= before[1]

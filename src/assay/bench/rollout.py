@@ -11,7 +11,9 @@ Workloads (random prompt tokens, temperature 1, every sample runs to its token l
   to N. transformers re-feeds each whole history, all sessions in lockstep; engine and vLLM run the
   sessions online: a session's next turn joins the running batch as soon as its last one ended, as
   the online agent loop does.
-Each row also reports the backend's start-up time and the process's peak resident memory.
+Each row also reports the backend's start-up time, the process's peak resident memory, and what the
+machine's CPUs did during the timed part (from /proc/stat, every process together): seconds busy and
+seconds stolen by the hypervisor, so that a slow run can be told from a slow machine.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class Row:
     peak_rss_mb: float = 0.0
     hit_rate: float | None = None
     note: str = ""
+    busy_s: float | None = None  # the machine's CPU-seconds busy during the timed part (all processes)
+    steal_s: float | None = None  # CPU-seconds the hypervisor gave to other guests meanwhile
 
     @property
     def tokens_per_s(self) -> float:
@@ -138,6 +142,17 @@ def _hf_sample(model: Qwen2ForCausalLM, prompts: list[list[int]], max_tokens: in
 
 
 NO_STOP = [2**31 - 1]  # a stop id no sample can be: every backend runs each sample to its limit
+
+
+def machine_cpu_s() -> tuple[float, float] | None:
+    """The machine's (busy, stolen) CPU-seconds since boot, summed over CPUs; None where /proc/stat is not."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    return (ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]) / hz, ticks[7] / hz
 
 
 def _params(max_tokens: int, seed: int) -> SamplingParams:
@@ -209,7 +224,7 @@ def measure(backend: str, w: Workload, s: Settings) -> Row:
     else:
         engine.generate([GenRequest(prompts[0][:8], _params(2, s.seed), n=2)])
         engine.take_stats()
-    t0 = time.perf_counter()
+    cpu0, t0 = machine_cpu_s(), time.perf_counter()
     if w.kind == "grpo":
         if engine is None:
             tokens = sum(len(r) for r in _hf_sample(model, prompts, w.max_tokens, n=w.group))
@@ -224,12 +239,13 @@ def measure(backend: str, w: Workload, s: Settings) -> Row:
                 h += sample + o[turn]
     else:
         tokens = _sessions_online(engine, prompts, obs, w, s.seed)
-    seconds = time.perf_counter() - t0
+    seconds, cpu1 = time.perf_counter() - t0, machine_cpu_s()
+    busy, steal = (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]) if cpu0 and cpu1 else (None, None)
     hit = engine.take_stats().get("prefix_hit_rate") if engine is not None else None
     if engine is not None and hasattr(engine, "close"):
         engine.close()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return Row(w.name, backend, tokens, seconds, startup, rss, hit)
+    return Row(w.name, backend, tokens, seconds, startup, rss, hit, busy_s=busy, steal_s=steal)
 
 
 def run_rollout_bench(settings: Settings, workloads: Sequence[Workload] = WORKLOADS,
@@ -266,7 +282,13 @@ def _in_process_of_its_own(backend: str, w: Workload, s: Settings, python: str) 
 def _progress(row: Row, round_: int) -> None:
     print(f"round {round_ + 1} | {row.workload} | {LABELS.get(row.backend, row.backend)}: {row.tokens} tokens in "
           f"{row.seconds:.1f} s ({row.tokens_per_s:.0f}/s), start {row.startup_s:.1f} s, peak RSS "
-          f"{row.peak_rss_mb:.0f} MB {row.note}", file=sys.stderr, flush=True)
+          f"{row.peak_rss_mb:.0f} MB{_cpu_note(row)} {row.note}", file=sys.stderr, flush=True)
+
+
+def _cpu_note(row: Row) -> str:
+    if row.busy_s is None or row.steal_s is None:
+        return ""
+    return f", machine busy {row.busy_s:.1f} CPU-s, stolen {row.steal_s:.2f}"
 
 
 def summarize(rows: list[Row]) -> list[dict]:
