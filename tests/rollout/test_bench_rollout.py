@@ -2,12 +2,19 @@
 engine's own counters hold (a smoke test of the harness; speed is read from the real benchmark, never
 asserted here)."""
 
-import pytest
-
 import time
 
-from assay.bench.rollout import (QUICK_MODEL, QUICK_WORKLOADS, Settings, machine_cpu_s, run_rollout_bench, summarize,
-                                 table)
+import pytest
+
+from assay.bench.rollout import (
+    QUICK_MODEL,
+    QUICK_WORKLOADS,
+    Settings,
+    machine_cpu_s,
+    run_rollout_bench,
+    summarize,
+    table,
+)
 
 
 @pytest.mark.slow  # a fresh process per backend and workload: `make test-slow` (CI runs it)
