@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from assay.bench.cpu_stat import cpu_ticks
 from assay.core.storage import read_metrics
 from assay.pipeline.async_pipeline import make_pipeline
 from assay.pipeline.quickstart import default_config
@@ -79,13 +80,9 @@ def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[st
 
 
 def cpu_times() -> tuple[int, int] | None:
-    """(all, idle) CPU time of the whole machine so far, in clock ticks (Linux's /proc/stat; None elsewhere)."""
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    return sum(ticks), ticks[3] + ticks[4]  # idle and iowait
+    """(all, idle) CPU time of the whole machine so far, in clock ticks (None where there is no /proc/stat)."""
+    ticks = cpu_ticks()
+    return None if ticks is None else (sum(ticks.values()), ticks["idle"] + ticks["iowait"])
 
 
 def table(rows: list[PipelineRow]) -> str:

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from assay.bench.cpu_stat import BUSY, cpu_ticks, tick_s
 from assay.core.errors import AssayError
 from assay.rollout.base import GenRequest, OnlineBackend, SamplingParams
 
@@ -146,13 +147,10 @@ NO_STOP = [2**31 - 1]  # a stop id no sample can be: every backend runs each sam
 
 def machine_cpu_s() -> tuple[float, float] | None:
     """The machine's (busy, stolen) CPU-seconds since boot, summed over CPUs; None where /proc/stat is not."""
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-    except (OSError, ValueError):
+    ticks = cpu_ticks()
+    if ticks is None:
         return None
-    hz = os.sysconf("SC_CLK_TCK")
-    return (ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]) / hz, ticks[7] / hz
+    return sum(ticks[k] for k in BUSY) * tick_s(), ticks["steal"] * tick_s()
 
 
 def _params(max_tokens: int, seed: int) -> SamplingParams:
