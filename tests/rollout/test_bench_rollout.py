@@ -2,10 +2,13 @@
 engine's own counters hold (a smoke test of the harness; speed is read from the real benchmark, never
 asserted here)."""
 
+import subprocess
+import sys
 import time
 
 import pytest
 
+from assay.bench.cpu_stat import tree_cpu_s
 from assay.bench.rollout import (
     QUICK_MODEL,
     QUICK_WORKLOADS,
@@ -29,7 +32,7 @@ def test_bench_rollout_alternates_fresh_processes_and_reports_every_workload():
     w = QUICK_WORKLOADS[0]
     for r in rows:
         assert r.seconds > 0 and r.peak_rss_mb > 0 and not r.note
-        assert r.busy_s >= 0 and r.steal_s >= 0  # measured (ticks of 10 ms: a tiny run may read 0)
+        assert r.busy_s >= 0 and r.steal_s >= 0 and r.own_s >= 0  # measured (ticks of 10 ms: a tiny run may read 0)
         if r.workload == grpo:  # every sample runs to its limit on every backend: the same work
             assert r.tokens == w.prompts * w.group * w.max_tokens
     engine_grpo = next(r for r in rows if r.workload == grpo and r.backend == "engine")
@@ -58,3 +61,15 @@ def test_the_machines_busy_cpu_seconds_rise_with_work_done_here():
     after = machine_cpu_s()
     assert after[0] - before[0] >= 0.2  # ticks of 10 ms; other processes only add to it
     assert after[1] >= before[1]
+
+
+def test_a_process_trees_cpu_seconds_count_its_childrens_work():
+    before = tree_cpu_s()
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.4\n"
+                              "while time.process_time() < end: pass"])
+    time.sleep(0.2)
+    live = tree_cpu_s()  # the child still running counts
+    child.wait()
+    after = tree_cpu_s()  # and once reaped, through the parent's children's time
+    assert live is not None and after - before >= 0.3 and after >= live
+    assert tree_cpu_s(root=2**22 + 1) is None  # no such process

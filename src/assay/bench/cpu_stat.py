@@ -22,3 +22,31 @@ def cpu_ticks() -> dict[str, int] | None:
 
 def tick_s() -> float:
     return 1 / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(root: int | None = None) -> float | None:
+    """CPU-seconds (user + system, all threads) used so far by a process and its descendants, live
+    or reaped (vLLM runs its engine core in a child); None where there is no /proc. Beside the machine's busy
+    seconds it tells a run's own work from other processes' (a previous run's child still exiting)."""
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, CPU-seconds)
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        stats[pid] = (int(fields[1]), sum(int(v) for v in fields[11:15]) * tick_s())  # utime stime cutime cstime
+    root = os.getpid() if root is None else root
+    if root not in stats:
+        return None
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, (pp, _) in stats.items() if pp == parent and p not in tree]
+        tree.update(children)
+        frontier += children
+    return sum(stats[p][1] for p in tree)

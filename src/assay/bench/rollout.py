@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-from assay.bench.cpu_stat import BUSY, cpu_ticks, tick_s
+from assay.bench.cpu_stat import BUSY, cpu_ticks, tick_s, tree_cpu_s
 from assay.core.errors import AssayError
 from assay.rollout.base import GenRequest, OnlineBackend, SamplingParams
 
@@ -90,6 +90,7 @@ class Row:
     note: str = ""
     busy_s: float | None = None  # the machine's CPU-seconds busy during the timed part (all processes)
     steal_s: float | None = None  # CPU-seconds the hypervisor gave to other guests meanwhile
+    own_s: float | None = None  # CPU-seconds of the measuring process and its children meanwhile
 
     @property
     def tokens_per_s(self) -> float:
@@ -222,7 +223,7 @@ def measure(backend: str, w: Workload, s: Settings) -> Row:
     else:
         engine.generate([GenRequest(prompts[0][:8], _params(2, s.seed), n=2)])
         engine.take_stats()
-    cpu0, t0 = machine_cpu_s(), time.perf_counter()
+    cpu0, own0, t0 = machine_cpu_s(), tree_cpu_s(), time.perf_counter()
     if w.kind == "grpo":
         if engine is None:
             tokens = sum(len(r) for r in _hf_sample(model, prompts, w.max_tokens, n=w.group))
@@ -237,13 +238,14 @@ def measure(backend: str, w: Workload, s: Settings) -> Row:
                 h += sample + o[turn]
     else:
         tokens = _sessions_online(engine, prompts, obs, w, s.seed)
-    seconds, cpu1 = time.perf_counter() - t0, machine_cpu_s()
+    seconds, cpu1, own1 = time.perf_counter() - t0, machine_cpu_s(), tree_cpu_s()
     busy, steal = (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]) if cpu0 and cpu1 else (None, None)
+    own = own1 - own0 if own0 is not None and own1 is not None else None
     hit = engine.take_stats().get("prefix_hit_rate") if engine is not None else None
     if engine is not None and hasattr(engine, "close"):
         engine.close()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return Row(w.name, backend, tokens, seconds, startup, rss, hit, busy_s=busy, steal_s=steal)
+    return Row(w.name, backend, tokens, seconds, startup, rss, hit, busy_s=busy, steal_s=steal, own_s=own)
 
 
 def run_rollout_bench(settings: Settings, workloads: Sequence[Workload] = WORKLOADS,
@@ -286,7 +288,8 @@ def _progress(row: Row, round_: int) -> None:
 def _cpu_note(row: Row) -> str:
     if row.busy_s is None or row.steal_s is None:
         return ""
-    return f", machine busy {row.busy_s:.1f} CPU-s, stolen {row.steal_s:.2f}"
+    own = "" if row.own_s is None else f" (this run {row.own_s:.1f})"
+    return f", machine busy {row.busy_s:.1f} CPU-s{own}, stolen {row.steal_s:.2f}"
 
 
 def summarize(rows: list[Row]) -> list[dict]:
