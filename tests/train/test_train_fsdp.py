@@ -2,7 +2,9 @@
 optimizer moment, take the steps of one unsharded process on the same batches, hand back whole
 weights and optimizer state in the unsharded layout, and continue exactly from an unsharded state."""
 
+import glob
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from train_helpers import random_batch, tiny_qwen, with_behaviour_logprobs
 
 from assay.core.config import LossConfig, TrainConfig
 from assay.core.errors import AssayError
+from assay.train.sharding import leave_process_group
 from assay.train.trainer import GRPOTrainer
 
 LOSS = LossConfig(kl_coef=0.1, decoupled=True)
@@ -39,23 +42,29 @@ def _rank(rank: int, world: int, store: str, out: str, start: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        trainer = GRPOTrainer(tiny_qwen(), SHARDED, ref_model=tiny_qwen(seed=1), data_parallel=True)
-        sharded = [isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in trainer.model.parameters()]
-        metrics = [trainer.step(_batch(s)) for s in (0, 1)]
-        state = trainer.state_dict()  # every rank gathers; rank 0 receives
-        weights = dict(trainer.named_weights())
-        resumed = GRPOTrainer(tiny_qwen(seed=2), SHARDED, ref_model=tiny_qwen(seed=1), data_parallel=True)
-        resumed.load_state_dict(torch.load(start, weights_only=False))  # an unsharded trainer's after 2 steps
-        resumed.step(_batch(2))
-        then = dict(resumed.named_weights())
-        if rank == 0:
-            torch.save({"state": state, "weights": weights, "then": then, "metrics": metrics,
-                        "sharded": all(sharded)}, f"{out}/rank0.pt")
-        else:
-            with open(f"{out}/rank1.json", "w") as f:
-                json.dump({"weights": len(weights), "state": len(state["model"])}, f)
+        _steps(rank, out, start)
     finally:
-        dist.destroy_process_group()
+        leave_process_group()  # the trainers, _steps's locals, are gone: the group ends here, not at exit
+    threads = [Path(f).read_text().strip() for f in glob.glob("/proc/self/task/*/comm")]
+    Path(f"{out}/threads{rank}.json").write_text(json.dumps([t for t in threads if "gloo" in t]))
+
+
+def _steps(rank: int, out: str, start: str) -> None:
+    trainer = GRPOTrainer(tiny_qwen(), SHARDED, ref_model=tiny_qwen(seed=1), data_parallel=True)
+    sharded = [isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in trainer.model.parameters()]
+    metrics = [trainer.step(_batch(s)) for s in (0, 1)]
+    state = trainer.state_dict()  # every rank gathers; rank 0 receives
+    weights = dict(trainer.named_weights())
+    resumed = GRPOTrainer(tiny_qwen(seed=2), SHARDED, ref_model=tiny_qwen(seed=1), data_parallel=True)
+    resumed.load_state_dict(torch.load(start, weights_only=False))  # an unsharded trainer's after 2 steps
+    resumed.step(_batch(2))
+    then = dict(resumed.named_weights())
+    if rank == 0:
+        torch.save({"state": state, "weights": weights, "then": then, "metrics": metrics,
+                    "sharded": all(sharded)}, f"{out}/rank0.pt")
+    else:
+        with open(f"{out}/rank1.json", "w") as f:
+            json.dump({"weights": len(weights), "state": len(state["model"])}, f)
 
 
 def test_two_sharded_ranks_step_as_one_unsharded_process_and_resume_from_its_state(tmp_path):
@@ -68,6 +77,8 @@ def test_two_sharded_ranks_step_as_one_unsharded_process_and_resume_from_its_sta
     mp.spawn(_rank, args=(2, str(tmp_path / "store"), str(tmp_path), str(tmp_path / "single.pt")), nprocs=2,
              join=True)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    for rank in (0, 1):  # left with the group: a gloo thread outliving it could abort the process at exit
+        assert json.loads((tmp_path / f"threads{rank}.json").read_text()) == []
     assert got["sharded"]  # every parameter is a DTensor of which rank 0 holds a part
     assert json.loads((tmp_path / "rank1.json").read_text()) == {"weights": 0, "state": 0}  # whole state: rank 0 only
     for mine, theirs in zip(got["metrics"], expected, strict=True):

@@ -17,6 +17,7 @@ from assay.core.errors import AssayError
 from assay.core.types import Trajectory
 from assay.pipeline.ray_workers import placement_wait, start_ray, stop_ray
 from assay.pipeline.train_ranks import GROUP_TIMEOUT, Rank, check_can_start, cpu_copy, state_bytes
+from assay.train.sharding import leave_process_group
 
 
 def _rendezvous(local: bool) -> str:
@@ -106,6 +107,5 @@ class RayRanks:
         for actor in self.actors:
             self.ray.kill(actor, no_restart=True)
         self.actors, self.pending = [], []
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group()
         stop_ray(self.started, self.temp)

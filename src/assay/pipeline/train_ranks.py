@@ -30,7 +30,7 @@ from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Trajectory
 from assay.pipeline.worker import POLL_S
-from assay.train.sharding import local
+from assay.train.sharding import leave_process_group, local
 
 # a collective that waits longer has lost a rank (rank 0 also waits this long for the others to start)
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
@@ -122,8 +122,8 @@ class Rank:
         return weights_digest(self.trainer.model)
 
     def leave(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self.trainer = None  # its sharded weights hold the group
+        leave_process_group()
 
 
 def state_bytes(state: dict[str, Any]) -> bytes:
@@ -242,8 +242,7 @@ class TrainRanks:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

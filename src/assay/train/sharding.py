@@ -9,9 +9,12 @@ order. The full state comes back on rank 0 only (on the CPU), in the layout an u
 
 from __future__ import annotations
 
+import gc
 import types
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -21,7 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, _redistribute
+from torch.distributed.tensor._collective_utils import MeshTopoInfo
 from torch.optim import Optimizer
 
 from assay.train.losses import selective_token_logprobs
@@ -98,3 +102,21 @@ def _param_names(model: nn.Module, optimizer: Optimizer) -> list[str]:
     """The optimizer's parameters by name, in the order its own state_dict numbers them."""
     name_of = {id(p): n for n, p in model.named_parameters()}
     return [name_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def leave_process_group() -> None:
+    """Destroy the process group so that its gloo threads end here. DTensor's caches (sharding
+    propagation, redistribution plans, mesh topology) keep the device mesh, and through it the group,
+    alive after `destroy_process_group`; freed only in the interpreter's teardown, its threads were
+    destroyed while joinable in about one exit in ten ("terminate called without an active
+    exception", SIGABRT) after all work was written. Drop the trainer holding sharded weights first."""
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    _redistribute._gen_transform_infos.cache_clear()
+    torch._C._clear_DTensor_sharding_propagator_cache()
+    MeshTopoInfo.build_from_mesh.cache_clear()
+    gc.collect()  # the mesh sits in reference cycles
+    if dist.is_initialized():
+        dist.destroy_process_group()
