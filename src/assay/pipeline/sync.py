@@ -174,7 +174,13 @@ class SyncPipeline:
             close()
 
     def close_ranks(self) -> None:
+        """Stop the other ranks and leave the process group, whose gloo threads must end here rather than in
+        the interpreter's teardown (see `leave_process_group`). Sharded, rank 0's trainer holds DTensors whose
+        mesh keeps the group alive: the trainer goes first, and `self.model` is the plain policy again."""
         if self.ranks:
+            if self.cfg.train.sharding == "fsdp":
+                del self.trainer
+                self.model = self.plain
             self.ranks.close()
             self.ranks = None
 
