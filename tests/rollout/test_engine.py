@@ -215,6 +215,24 @@ def test_a_multi_turn_session_computes_only_its_new_tokens(tok, policy):
     assert computed == 1 + 5 + 40 - 1
 
 
+def test_the_warm_up_step_leaves_no_trace(tok, policy):
+    """The throwaway step at start caches nothing, counts nothing and draws from no global stream: a warmed
+    engine samples what an unwarmed one does, token for token, from an empty cache."""
+    prompts = random_prompts(len(tok), 5, seed=13)
+    prompts[0] = [0] * 40 + prompts[0]  # the warm-up's own tokens: a prefix it must not have left cached
+    torch.manual_seed(3)
+    warmed = Engine(policy, tok, EngineConfig(warm_up=True))
+    after_warm_up = torch.rand(1)
+    torch.manual_seed(3)
+    cold = Engine(policy, tok, EngineConfig(warm_up=False))
+    assert torch.equal(torch.rand(1), after_warm_up)
+    assert warmed.blocks.num_free == cold.blocks.num_free == len(cold.blocks.blocks)
+    assert warmed.take_stats() == cold.take_stats() and warmed.last_stats == {}
+    params = SamplingParams(max_tokens=20, seed=4)
+    assert engine_tokens(warmed, prompts, params) == engine_tokens(cold, prompts, params)
+    assert warmed.last_stats["cached_prompt_tokens"] == cold.last_stats["cached_prompt_tokens"] == 0
+
+
 def test_update_weights_is_in_place_and_drops_the_cache(tok, model):
     import copy
 

@@ -24,6 +24,7 @@ from assay.rollout.base import (
     GenRequest,
     GenResult,
     ResultCallback,
+    SamplingParams,
     check_request,
     default_stop,
     run_to_completion,
@@ -32,6 +33,7 @@ from assay.rollout.base import (
     with_prefix_hit_rate,
 )
 from assay.rollout.engine.block_manager import BlockManager
+from assay.rollout.engine.heap import keep_freed_memory
 from assay.rollout.engine.model import PagedModel
 from assay.rollout.engine.model_runner import ModelRunner
 from assay.rollout.engine.sampler import sample
@@ -51,6 +53,7 @@ class EngineConfig:
     speculative_max_batch: int = 4  # speculate only while at most this many sequences run
     speculative_ngram: int = 3  # longest n-gram looked up for a draft
     gemm: str = "auto"  # auto: oneDNN on prepacked weights where it runs (float32, CPU); torch: torch.mm
+    warm_up: bool = True  # one throwaway step of max_batched_tokens as the engine starts (see _warm_up)
 
 
 @dataclass
@@ -87,6 +90,10 @@ class Engine:
         self._requests: dict[int, _Request] = {}
         self._next_request = self._next_seq = 0
         self._ended: set[int] = set()  # requests with a sequence that finished in the current step
+        if self.model.device.type == "cpu":
+            keep_freed_memory()
+        if cfg.warm_up:
+            self._warm_up()
 
     # -- online API -----------------------------------------------------------------------------
 
@@ -194,6 +201,20 @@ class Engine:
         return t
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _warm_up(self) -> None:
+        """A step as large as the scheduler makes, on throwaway tokens, before the first request: its
+        activations grow the heap to a step's peak once (kept for reuse: `keep_freed_memory`), and the
+        first-call costs of the kernels and thread pools are paid here. Nothing of it stays cached, and
+        greedy, it draws from no random stream. Measured: docs/experiments.md R15."""
+        n = min(self.config.max_batched_tokens, self.model.max_positions - 1,
+                len(self.blocks.blocks) * self.config.block_size - 1)
+        if n < 1:
+            return
+        self.generate([GenRequest([0] * n, SamplingParams(temperature=0, max_tokens=1))])
+        self.blocks.reset_cache()
+        self.take_stats()
+        self.last_stats = {}
 
     def _sequences(self, requests: Seq[GenRequest]) -> list[list[Sequence]]:
         leaders: dict[tuple[int, ...], Sequence] = {}
