@@ -208,6 +208,9 @@ class RolloutConfig(_Strict):
     # engine: the GEMMs' library; auto takes oneDNN on prepacked weights where it runs (float32 on the
     # CPU; a packed copy of the weights beside them), torch keeps torch.mm
     gemm: Literal["auto", "onednn", "torch"] = "auto"
+    # engine: one throwaway step of max_batched_tokens tokens as it starts (the heap grows to a step's
+    # peak once; ~1 s on the rollout bench's 57M-parameter model, more for a large model on the CPU)
+    warm_up: bool = True
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)

@@ -23,4 +23,5 @@ def make_backend(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrain
     return Engine(model, tokenizer, EngineConfig(block_size=cfg.block_size, kv_cache_bytes=cfg.kv_cache_mb * 2**20,
                                                  max_batched_tokens=cfg.max_batched_tokens, max_seqs=cfg.max_seqs,
                                                  speculative_tokens=cfg.speculative_tokens,
-                                                 speculative_max_batch=cfg.speculative_max_batch, gemm=cfg.gemm))
+                                                 speculative_max_batch=cfg.speculative_max_batch, gemm=cfg.gemm,
+                                                 warm_up=cfg.warm_up))
