@@ -33,6 +33,7 @@ def test_bench_rollout_alternates_fresh_processes_and_reports_every_workload():
     for r in rows:
         assert r.seconds > 0 and r.peak_rss_mb > 0 and not r.note
         assert r.busy_s >= 0 and r.steal_s >= 0 and r.own_s >= 0  # measured (ticks of 10 ms: a tiny run may read 0)
+        assert r.page_faults is not None and r.page_faults >= 0
         if r.workload == grpo:  # every sample runs to its limit on every backend: the same work
             assert r.tokens == w.prompts * w.group * w.max_tokens
     engine_grpo = next(r for r in rows if r.workload == grpo and r.backend == "engine")

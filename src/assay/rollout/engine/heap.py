@@ -14,6 +14,9 @@ import functools
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 32 * 2**20  # glibc's largest: an allocation above it still maps and unmaps on its own
 TRIM_THRESHOLD = 2**30  # free memory at the heap's top kept up to this much
+# the same settings for a process started from outside (glibc reads them at start-up): the benchmark gives
+# them to vLLM so that both engines run on equally tuned allocators
+GLIBC_TUNABLES = f"glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:glibc.malloc.trim_threshold={TRIM_THRESHOLD}"
 
 
 @functools.cache
