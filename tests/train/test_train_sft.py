@@ -2,9 +2,12 @@ import pytest
 import torch
 from train_helpers import Bigram, tiny_qwen
 
+from assay.core import heap
+from assay.core.config import TrainConfig
 from assay.core.errors import AssayError
 from assay.train.batching import lr_at
 from assay.train.sft import length_buckets, sft_loss, sft_step, sft_train
+from assay.train.trainer import GRPOTrainer
 
 torch.set_num_threads(1)
 
@@ -98,3 +101,12 @@ def test_bad_examples_raise():
         sft_train(tiny_qwen(), [([1, 2, 3], [0, 0, 0])], 1, 1, 1e-3, 0, 0)
     with pytest.raises(AssayError, match="no examples"):
         sft_train(tiny_qwen(), [], 1, 1, 1e-3, 0, 0)
+
+
+def test_the_cpu_trainers_keep_freed_memory():  # core/heap.py: a step's activations are not faulted in again
+    heap.keep_freed_memory.cache_clear()
+    sft_train(tiny_qwen(), [([1, 2, 3, 4], [0, 0, 1, 1])], steps=1, batch_size=1, lr=1e-3, warmup=0, seed=0)
+    assert heap.keep_freed_memory.cache_info().currsize == 1
+    heap.keep_freed_memory.cache_clear()
+    GRPOTrainer(tiny_qwen(), TrainConfig())
+    assert heap.keep_freed_memory.cache_info().currsize == 1

@@ -33,9 +33,9 @@ import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from assay.bench.cpu_stat import BUSY, cpu_ticks, tick_s, tree_cpu_s
+from assay.core import heap
 from assay.core.errors import AssayError
 from assay.rollout.base import GenRequest, OnlineBackend, SamplingParams
-from assay.rollout.engine import heap
 
 # engine-torch: the engine on torch.mm instead of oneDNN (rollout.gemm: torch); vllm-B: vLLM with KV blocks of B tokens
 BACKENDS = ("hf", "engine", "engine-torch", "vllm-32", "vllm-128")

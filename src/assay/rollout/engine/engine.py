@@ -20,6 +20,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from assay.core.errors import AssayError
+from assay.core.heap import keep_freed_memory
 from assay.rollout.base import (
     GenRequest,
     GenResult,
@@ -33,7 +34,6 @@ from assay.rollout.base import (
     with_prefix_hit_rate,
 )
 from assay.rollout.engine.block_manager import BlockManager
-from assay.rollout.engine.heap import keep_freed_memory
 from assay.rollout.engine.model import PagedModel
 from assay.rollout.engine.model_runner import ModelRunner
 from assay.rollout.engine.sampler import sample

@@ -4,7 +4,9 @@ A forward pass allocates its activations afresh, tens of MB a prefill step. glib
 largest of them to mmap and, when freed, back to the kernel, and trims the heap's free top: the next
 step faults the same pages in again, one 4 KiB zeroed page at a time. On the development machine a
 multi-turn call took ~37,000 such faults (~145 MB), every call; kept, under a hundred, and the call
-ran 1.09x (quiet host) to 1.30x (busy host) faster with the engine's warm-up step (docs/experiments.md R15)."""
+ran 1.09x (quiet host) to 1.30x (busy host) faster with the engine's warm-up step (docs/experiments.md R15).
+A training step's activations and logits come and go the same way: the SFT and RL trainers keep them
+too (the quickstart's SFT steps ran 1.03-1.09x faster, R16)."""
 
 from __future__ import annotations
 
