@@ -30,6 +30,32 @@ static inline v8 load8(const float *p)
     return x;
 }
 
+/* A key's or an output's run of floats in the decode loop: 512 bits where the CPU has them (AVX-512), so
+ * that a 64-float head is four vectors, not eight. */
+#if defined(__AVX512F__)
+#define WIDE 16
+#else
+#define WIDE 8
+#endif
+typedef float vw __attribute__((vector_size(WIDE * 4)));
+
+static inline vw loadw(const float *p)
+{
+    vw x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+/* The sum of a wide vector's halves (itself at 8 lanes). */
+static inline v8 fold8(vw x)
+{
+    v8 lo, hi;
+    memcpy(&lo, &x, sizeof lo);
+    if (WIDE == 8) return lo;
+    memcpy(&hi, (const char *)&x + sizeof(vw) - sizeof hi, sizeof hi);
+    return lo + hi;
+}
+
 static inline float hsum8(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
 
 /* The eight sums of a[0..7] as one vector, [hsum(a[0]), ..., hsum(a[7])], in three rounds of pairwise
@@ -309,8 +335,9 @@ static void many_128(const float *q, int64_t qs, const float *k, const float *v,
 /* All Hkv heads of one row, a cache block at a time, with an online softmax (the running maximum and
  * sum of each query's scores rescale its output as keys arrive): each block's keys and values, every
  * head, are read from memory once and used while they sit in cache, and the next block this thread
- * reads (`after` past the row's last) is requested while this one is computed, so reading and
- * computing overlap.
+ * reads (`after` past the row's last) is requested into L1 while this one is computed, so reading and
+ * computing overlap (into L2 it ran 5-12% slower; 512-bit vectors, where there are, add 1-6%:
+ * docs/experiments.md R16).
  * q and o [Hkv, nq, DIM], lse [Hkv, nq]; scratch: 2 * Hkv * nq + nq * bs floats. */
 static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, const float *q, const float *k,
                                                                 const float *v, const int64_t *table, int64_t n,
@@ -318,7 +345,7 @@ static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, c
                                                                 float *scratch, int64_t nq, int64_t Hkv, int64_t bs,
                                                                 float scale)
 {
-    const int W = DIM / 8;
+    const int W = DIM / WIDE;
     const int64_t token = Hkv * DIM; /* floats of one token's heads, side by side in a block */
     float *top = scratch, *total = top + Hkv * nq, *s = total + Hkv * nq;
     for (int64_t i = 0; i < Hkv * nq; i++) top[i] = -INFINITY, total[i] = 0.0f;
@@ -342,18 +369,20 @@ static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, c
                 for (int u = 0; u < 8; u++) kt[u] = kb + (t + u) * token + h * DIM;
                 for (int64_t i = 0; i < nq; i++) {
                     for (int64_t e = 0; e < each && next < lines; e++, next++) {
-                        __builtin_prefetch(kn + next * 16, 0, 2);
-                        __builtin_prefetch(vn + next * 16, 0, 2);
+                        __builtin_prefetch(kn + next * 16, 0, 3);
+                        __builtin_prefetch(vn + next * 16, 0, 3);
                     }
                     const float *qi = qh + i * DIM;
-                    v8 acc[8];
-                    const v8 q0 = load8(qi);
-                    for (int u = 0; u < 8; u++) acc[u] = q0 * load8(kt[u]);
+                    vw acc[8];
+                    const vw q0 = loadw(qi);
+                    for (int u = 0; u < 8; u++) acc[u] = q0 * loadw(kt[u]);
                     for (int j = 1; j < W; j++) {
-                        const v8 qj = load8(qi + 8 * j);
-                        for (int u = 0; u < 8; u++) acc[u] += qj * load8(kt[u] + 8 * j);
+                        const vw qj = loadw(qi + WIDE * j);
+                        for (int u = 0; u < 8; u++) acc[u] += qj * loadw(kt[u] + WIDE * j);
                     }
-                    const v8 r = hsum8x8(acc) * scale;
+                    v8 halves[8];
+                    for (int u = 0; u < 8; u++) halves[u] = fold8(acc[u]);
+                    const v8 r = hsum8x8(halves) * scale;
                     memcpy(s + i * bs + t, &r, sizeof r);
                 }
             }
@@ -361,9 +390,9 @@ static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, c
                 const float *kt = kb + t * token + h * DIM;
                 for (int64_t i = 0; i < nq; i++) {
                     const float *qi = qh + i * DIM;
-                    v8 acc = load8(qi) * load8(kt);
-                    for (int j = 1; j < W; j++) acc += load8(qi + 8 * j) * load8(kt + 8 * j);
-                    s[i * bs + t] = hsum8(acc) * scale;
+                    vw acc = loadw(qi) * loadw(kt);
+                    for (int j = 1; j < W; j++) acc += loadw(qi + WIDE * j) * loadw(kt + WIDE * j);
+                    s[i * bs + t] = hsum8(fold8(acc)) * scale;
                 }
             }
             for (int64_t i = 0; i < nq; i++) { /* weights exp(score - running max); rescale what came before */
@@ -376,14 +405,14 @@ static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, c
             int64_t i = 0;
             for (; i + 1 < nq; i += 2) { /* the values, read once per pair of queries */
                 const float *w0 = s + i * bs, *w1 = w0 + bs;
-                v8 a0[W], a1[W];
+                vw a0[W], a1[W];
                 for (int j = 0; j < W; j++)
-                    a0[j] = load8(oh + i * DIM + 8 * j), a1[j] = load8(oh + (i + 1) * DIM + 8 * j);
+                    a0[j] = loadw(oh + i * DIM + WIDE * j), a1[j] = loadw(oh + (i + 1) * DIM + WIDE * j);
                 for (int64_t u = 0; u < m; u++) {
                     const float *vt = vb + u * token + h * DIM;
                     const float x0 = w0[u], x1 = w1[u];
                     for (int j = 0; j < W; j++) {
-                        const v8 val = load8(vt + 8 * j);
+                        const vw val = loadw(vt + WIDE * j);
                         a0[j] += x0 * val;
                         a1[j] += x1 * val;
                     }
@@ -393,18 +422,18 @@ static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, c
             }
             if (i < nq) {
                 const float *wi = s + i * bs;
-                v8 acc[W];
-                for (int j = 0; j < W; j++) acc[j] = load8(oh + i * DIM + 8 * j);
+                vw acc[W];
+                for (int j = 0; j < W; j++) acc[j] = loadw(oh + i * DIM + WIDE * j);
                 for (int64_t u = 0; u < m; u++) {
                     const float *vt = vb + u * token + h * DIM;
-                    for (int j = 0; j < W; j++) acc[j] += wi[u] * load8(vt + 8 * j);
+                    for (int j = 0; j < W; j++) acc[j] += wi[u] * loadw(vt + WIDE * j);
                 }
                 memcpy(oh + i * DIM, acc, sizeof acc);
             }
         }
         for (; next < lines; next++) { /* a short block has fewer score passes */
-            __builtin_prefetch(kn + next * 16, 0, 2);
-            __builtin_prefetch(vn + next * 16, 0, 2);
+            __builtin_prefetch(kn + next * 16, 0, 3);
+            __builtin_prefetch(vn + next * 16, 0, 3);
         }
     }
     for (int64_t i = 0; i < Hkv * nq; i++) {
