@@ -10,7 +10,7 @@ import pytest
 # each round. glibc left to itself maps the 20 MiB afresh in the first round and grows its heap in the
 # second; kept, only the first round faults the memory in.
 CYCLES = """
-import ctypes, resource, sys
+import ctypes, resource
 from assay.core.heap import keep_freed_memory
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
