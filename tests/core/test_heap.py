@@ -33,4 +33,3 @@ def test_freed_memory_is_reused_without_faulting_it_in_again():
     faults = [int(line) for line in out.split()]
     assert faults[0] > (26 << 20) // 4096 // 2  # the first round does fault its memory in (the count is real)
     assert max(faults[1:]) < 100, faults  # then the same memory is reused: no page is faulted in again
-

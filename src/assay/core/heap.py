@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
+import torch
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 32 * 2**20  # glibc's largest: an allocation above it still maps and unmaps on its own
 TRIM_THRESHOLD = 2**30  # free memory at the heap's top kept up to this much
@@ -29,3 +31,8 @@ def keep_freed_memory() -> bool:
     if not hasattr(libc, "gnu_get_libc_version"):  # not glibc: another mallopt takes other options
         return False
     return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def keep_freed_memory_on(device: torch.device) -> bool:
+    """`keep_freed_memory` for a process that computes on `device`: only the CPU's memory is malloc's."""
+    return device.type == "cpu" and keep_freed_memory()

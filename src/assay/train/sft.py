@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from assay.core.errors import AssayError
-from assay.core.heap import keep_freed_memory
+from assay.core.heap import keep_freed_memory_on
 from assay.train.batching import adamw, check_sequence, lr_at, pad_tokens, set_lr
 
 Example = tuple[list[int], list[int]]  # token ids, loss mask (1 on the tokens to learn)
@@ -117,8 +117,7 @@ def sft_train(
         )
     for i, (ids, mask) in enumerate(examples):
         _check(i, ids, mask)
-    if next(model.parameters()).device.type == "cpu":
-        keep_freed_memory()
+    keep_freed_memory_on(next(model.parameters()).device)
     optimizer = adamw(model.parameters(), lr, betas, weight_decay)
     batches = _batches(len(examples), batch_size, random.Random(seed))
     losses = []

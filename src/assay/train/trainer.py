@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from assay.core.config import TrainConfig
 from assay.core.errors import AssayError
-from assay.core.heap import keep_freed_memory
+from assay.core.heap import keep_freed_memory_on
 from assay.core.types import Trajectory
 from assay.train.advantages import group_advantages
 from assay.train.batching import adamw, check_sequence, lr_at, pad_tokens, right_pad, set_lr
@@ -105,8 +105,7 @@ class GRPOTrainer:
         self.temperature = temperature  # the rollout's: ratios compare the distribution actually sampled
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
-        if next(model.parameters()).device.type == "cpu":
-            keep_freed_memory()  # a step's activations stay in the heap for the next (core/heap.py)
+        keep_freed_memory_on(next(model.parameters()).device)  # a step's activations stay for the next
         if cfg.activation_checkpointing:
             if hasattr(model, "activation_checkpointing_enable"):
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

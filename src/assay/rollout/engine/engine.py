@@ -20,7 +20,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from assay.core.errors import AssayError
-from assay.core.heap import keep_freed_memory
+from assay.core.heap import keep_freed_memory_on
 from assay.rollout.base import (
     GenRequest,
     GenResult,
@@ -90,8 +90,7 @@ class Engine:
         self._requests: dict[int, _Request] = {}
         self._next_request = self._next_seq = 0
         self._ended: set[int] = set()  # requests with a sequence that finished in the current step
-        if self.model.device.type == "cpu":
-            keep_freed_memory()
+        keep_freed_memory_on(self.model.device)
         if cfg.warm_up:
             self._warm_up()
 
