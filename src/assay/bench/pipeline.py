@@ -4,10 +4,13 @@ own), from the same policy and config,
 alternating in one process. Beside each variant's wall time: the share of it the rollout and the
 trainer were busy (their sum above 100% is the overlap), the share of the machine's CPU time that was
 busy (overlap can only fill idle cores: at a busy share b, no schedule runs more than 1/b times
-faster), and the training pass rate it reached."""
+faster), and the training pass rate it reached; then, on the same runs, the training reward each variant
+had reached by the time the fastest finished and the wall time each took to reach the baseline's
+final reward (a trailing mean over a quarter of the steps, so that one lucky step does not count)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 import time
@@ -41,6 +44,7 @@ class PipelineRow:
     train_busy: list[float] = field(default_factory=list)  # share spent in trainer steps
     pass_rate: list[float] = field(default_factory=list)  # training pass rate over the second half of the steps
     cpu_busy: list[float] = field(default_factory=list)  # the machine's busy share of CPU time (every process)
+    curves: list[list[tuple[float, float]]] = field(default_factory=list)  # per run: (s since start, step reward)
 
     @property
     def median(self) -> float:
@@ -64,7 +68,7 @@ def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[st
                                       f"run_dir={tmp}", f"name=r{r}-{names.index(name)}", "train.max_refill_rounds=0",
                                       *overrides, *VARIANTS[name]])
                 pipeline = make_pipeline(cfg, Path(tmp) / cfg.name)
-                t0, cpu0 = time.perf_counter(), cpu_times()
+                t0, start, cpu0 = time.perf_counter(), time.time(), cpu_times()
                 pipeline.run()
                 wall, cpu1 = time.perf_counter() - t0, cpu_times()
                 row, train = rows[name], [m for m in read_metrics(Path(tmp) / cfg.name) if m["kind"] == "train"]
@@ -73,10 +77,36 @@ def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[st
                     row.cpu_busy.append(1 - (cpu1[1] - cpu0[1]) / max(1, cpu1[0] - cpu0[0]))
                 row.rollout_busy.append(sum(m["rollout_s"] for m in train) / wall)
                 row.train_busy.append(sum(m["train_s"] for m in train) / wall)
+                row.curves.append([(m["time"] - start, step_reward(m)) for m in train])
                 late = train[len(train) // 2:]
                 rates = [v for m in late for k, v in m.items() if k.startswith("domain/") and k.endswith("/pass_rate")]
                 row.pass_rate.append(statistics.mean(rates) if rates else float("nan"))
     return list(rows.values())
+
+
+def step_reward(m: dict) -> float:
+    """A train step's pass rate over all its domains' episodes (each domain's rate weighted by its count)."""
+    domains = [k[:-len("/n")] for k in m if k.startswith("domain/") and k.endswith("/n")]
+    # a domain whose episodes all failed to run (infrastructure errors) has no pass rate
+    n = {d: m[f"{d}/n"] for d in domains if m[f"{d}/n"] and f"{d}/pass_rate" in m}
+    return sum(m[f"{d}/pass_rate"] * c for d, c in n.items()) / sum(n.values()) if n else math.nan
+
+
+def trailing(curve: list[tuple[float, float]], window: int) -> list[tuple[float, float]]:
+    """(time a step ended, the mean reward of the `window` steps up to it), from the window's first full step."""
+    return [(curve[i][0], statistics.fmean(r for _, r in curve[i + 1 - window:i + 1]))
+            for i in range(window - 1, len(curve))]
+
+
+def reward_by(curve: list[tuple[float, float]], seconds: float, window: int) -> float:
+    """The trailing reward of the last step that ended within `seconds` (nan if none had)."""
+    done = [r for t, r in trailing(curve, window) if t <= seconds]
+    return done[-1] if done else math.nan
+
+
+def seconds_to(curve: list[tuple[float, float]], target: float, window: int) -> float:
+    """When the trailing reward first reached `target` (inf if it never did)."""
+    return next((t for t, r in trailing(curve, window) if r >= target), math.inf)
 
 
 def cpu_times() -> tuple[int, int] | None:
@@ -95,4 +125,24 @@ def table(rows: list[PipelineRow]) -> str:
         lines.append(f"| {r.variant} | {r.median:.1f} ({runs}) | {r.median / r.steps:.2f} | {base / r.median:.2f}x "
                      f"| {statistics.mean(r.rollout_busy):.0%} | {statistics.mean(r.train_busy):.0%} | {busy} "
                      f"| {statistics.mean(r.pass_rate):.3f} |")
+    return "\n".join(lines) + "\n\n" + reward_table(rows)
+
+
+def reward_table(rows: list[PipelineRow]) -> str:
+    """Reward against wall time: each variant's reward when the fastest variant's median run ended, and its
+    time to the baseline's final reward (medians over rounds)."""
+    window = max(1, rows[0].steps // 4)
+    cutoff = min(r.median for r in rows)
+    target = statistics.median(trailing(c, window)[-1][1] for c in rows[0].curves)
+    lines = [f"Training reward, a trailing mean over {window} steps: at {cutoff:.1f} s (the fastest variant's "
+             f"median), and the seconds to {target:.3f} (the baseline's final):", "",
+             "| pipeline | reward at equal wall time | s to the baseline's final reward | speed-up to it |",
+             "|---|---|---|---|"]
+    base = statistics.median(seconds_to(c, target, window) for c in rows[0].curves)
+    for r in rows:
+        reached = [x for x in (reward_by(c, cutoff, window) for c in r.curves) if not math.isnan(x)]
+        at = statistics.median(reached) if reached else math.nan
+        to = statistics.median(seconds_to(c, target, window) for c in r.curves)
+        lines.append(f"| {r.variant} | {at:.3f} | {to:.1f} | {base / to:.2f}x |" if math.isfinite(to) else
+                     f"| {r.variant} | {at:.3f} | not reached | - |")
     return "\n".join(lines)

@@ -15,12 +15,19 @@ CONTROLLERS = ("memory", "pids")
 
 
 def available() -> bool:
+    """Whether a sandbox's cgroup can be made and limited here. A probe cgroup is made and limited, then removed:
+    some hosts let the directories be made but refuse the limits (a VM seen refusing memory.limit_in_bytes to
+    root), and there the jail falls back to rlimits rather than failing every sandbox."""
+    probe = f"{os.getpid()}-probe"  # named as a launcher's are, so that sweep() removes one a crash left
     try:
         for ctl in CONTROLLERS:
             os.makedirs(f"{ROOT}/{ctl}/{PARENT}", exist_ok=True)
+        create(probe, 64 << 20, 64)
         return True
     except OSError:
         return False
+    finally:
+        remove(probe)
 
 
 def _path(ctl: str, name: str) -> str:
