@@ -2,8 +2,16 @@
 
 import math
 
-from assay.bench.pipeline import (VARIANTS, PipelineRow, reward_by, reward_table, run_pipeline_bench, seconds_to,
-                                  step_reward, table)
+from assay.bench.pipeline import (
+    VARIANTS,
+    PipelineRow,
+    reward_by,
+    reward_table,
+    run_pipeline_bench,
+    seconds_to,
+    step_reward,
+    table,
+)
 from assay.core.modeling import save_model
 from assay.pipeline.policy import build_policy, domain_envs
 from assay.pipeline.quickstart import default_config
