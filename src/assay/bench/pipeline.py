@@ -42,7 +42,7 @@ class PipelineRow:
     steps: int
     rollout_busy: list[float] = field(default_factory=list)  # share of the wall time spent sampling
     train_busy: list[float] = field(default_factory=list)  # share spent in trainer steps
-    pass_rate: list[float] = field(default_factory=list)  # training pass rate over the second half of the steps
+    pass_rate: list[float] = field(default_factory=list)  # mean step reward over the second half of the steps
     cpu_busy: list[float] = field(default_factory=list)  # the machine's busy share of CPU time (every process)
     curves: list[list[tuple[float, float]]] = field(default_factory=list)  # per run: (s since start, step reward)
 
@@ -77,10 +77,9 @@ def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[st
                     row.cpu_busy.append(1 - (cpu1[1] - cpu0[1]) / max(1, cpu1[0] - cpu0[0]))
                 row.rollout_busy.append(sum(m["rollout_s"] for m in train) / wall)
                 row.train_busy.append(sum(m["train_s"] for m in train) / wall)
-                row.curves.append([(m["time"] - start, step_reward(m)) for m in train])
-                late = train[len(train) // 2:]
-                rates = [v for m in late for k, v in m.items() if k.startswith("domain/") and k.endswith("/pass_rate")]
-                row.pass_rate.append(statistics.mean(rates) if rates else float("nan"))
+                curve = [(m["time"] - start, step_reward(m)) for m in train]
+                row.curves.append(curve)
+                row.pass_rate.append(statistics.fmean(r for _, r in curve[len(curve) // 2:]))
     return list(rows.values())
 
 
