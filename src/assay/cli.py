@@ -534,12 +534,14 @@ def bench_pipeline(policy: Annotated[Path, typer.Argument(help="a policy directo
                    steps: Annotated[int, typer.Option(help="RL steps per run")] = 10,
                    rounds: Annotated[int, typer.Option(help="alternating rounds of every variant")] = 2,
                    variant: Annotated[list[str] | None, typer.Option(help="run only these variants (repeat it); "
-                                                                    "the first is the baseline")] = None) -> None:
+                                                                    "the first is the baseline")] = None,
+                   held_out: Annotated[int, typer.Option(help="evaluation tasks per domain for each run's final "
+                                                              "policy, 4 samples each (0: none)")] = 16) -> None:
     """RL wall time: the synchronous pipeline beside the asynchronous one, the online agent loop and
-    the rollout in a worker process."""
+    the rollout in a worker process; the reward each reached against wall time, and held out."""
     from assay.bench.pipeline import run_pipeline_bench, table
 
-    print(table(run_pipeline_bench(policy, steps, rounds, list(overrides or []), variant)))
+    print(table(run_pipeline_bench(policy, steps, rounds, list(overrides or []), variant, held_out)))
 
 
 @bench_app.command("cluster")

@@ -25,17 +25,21 @@ def test_bench_pipeline_runs_every_variant_and_reports_busy_shares(tmp_path):
     cfg = default_config(TINY)
     model, tok = build_policy(cfg, domain_envs(cfg))
     save_model(model, tok, tmp_path / "policy")
-    rows = run_pipeline_bench(tmp_path / "policy", steps=2, rounds=1, overrides=TINY)
+    rows = run_pipeline_bench(tmp_path / "policy", steps=2, rounds=1, overrides=TINY, held_out=2, samples=1)
     assert [r.variant for r in rows] == list(VARIANTS)
     for r in rows:
         assert len(r.seconds) == 1 and 0 < r.rollout_busy[0] <= 1.0 and 0 < r.train_busy[0] <= 1.0
         assert 0.0 <= r.pass_rate[0] <= 1.0
         assert len(r.cpu_busy) == 1 and 0.0 < r.cpu_busy[0] <= 1.0  # the run itself kept a core busy
         (curve,) = r.curves
+        (final,) = r.held_out  # the run's last checkpoint, on the evaluation partition
+        assert 0.0 <= final.low <= final.value <= final.high <= 1.0
         assert len(curve) == 2 and 0 < curve[0][0] <= curve[1][0] <= r.seconds[0] and 0 <= curve[1][1] <= 1
     text = table(rows)
-    assert all(text.count(f"| {r.variant} |") == 2 for r in rows)  # the busy table and the reward table
+    assert all(text.count(f"| {r.variant} |") == 3 for r in rows)  # the busy, reward and held-out tables
     assert "reward at equal wall time" in text
+    held = text.split("Held-out pass@1 of each run's final policy", 1)[1]
+    assert all(f"| {r.variant} | {r.held_out[0]} |" in held for r in rows)
 
 
 def test_step_reward_weights_each_domain_by_its_episodes():

@@ -6,7 +6,9 @@ trainer were busy (their sum above 100% is the overlap), the share of the machin
 busy (overlap can only fill idle cores: at a busy share b, no schedule runs more than 1/b times
 faster), and the training pass rate it reached; then, on the same runs, the training reward each variant
 had reached by the time the fastest finished and the wall time each took to reach the baseline's
-final reward (a trailing mean over a quarter of the steps, so that one lucky step does not count)."""
+final reward (a trailing mean over a quarter of the steps, so that one lucky step does not count); and,
+with `held_out`, each run's final policy evaluated on the evaluation partition, outside the timed runs
+(a faster variant that ends as well reached the same reward sooner)."""
 
 from __future__ import annotations
 
@@ -18,9 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assay.bench.cpu_stat import cpu_ticks
+from assay.core.config import Config
+from assay.core.modeling import load_model
 from assay.core.storage import read_metrics
+from assay.eval.evaluate import evaluate
+from assay.eval.passk import Estimate
 from assay.pipeline.async_pipeline import make_pipeline
+from assay.pipeline.policy import domain_envs
 from assay.pipeline.quickstart import default_config
+from assay.rollout.factory import make_backend
 
 VARIANTS = {
     "sync": [],
@@ -45,6 +53,7 @@ class PipelineRow:
     pass_rate: list[float] = field(default_factory=list)  # mean step reward over the second half of the steps
     cpu_busy: list[float] = field(default_factory=list)  # the machine's busy share of CPU time (every process)
     curves: list[list[tuple[float, float]]] = field(default_factory=list)  # per run: (s since start, step reward)
+    held_out: list[Estimate] = field(default_factory=list)  # per run: the final policy's held-out pass@1
 
     @property
     def median(self) -> float:
@@ -52,8 +61,9 @@ class PipelineRow:
 
 
 def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[str],
-                       variants: list[str] | None = None) -> list[PipelineRow]:
-    """`variants`: a subset of VARIANTS by name (default: all); the first is the speed-up's baseline."""
+                       variants: list[str] | None = None, held_out: int = 0, samples: int = 4) -> list[PipelineRow]:
+    """`variants`: a subset of VARIANTS by name (default: all); the first is the speed-up's baseline.
+    `held_out`: evaluation tasks per domain for each run's final policy, `samples` each (0: none)."""
     names = variants or list(VARIANTS)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
@@ -80,7 +90,22 @@ def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[st
                 curve = [(m["time"] - start, step_reward(m)) for m in train]
                 row.curves.append(curve)
                 row.pass_rate.append(statistics.fmean(r for _, r in curve[len(curve) // 2:]))
+                if held_out:
+                    row.held_out.append(held_out_pass_rate(cfg, Path(tmp) / cfg.name / "checkpoints" / f"step_{steps}",
+                                                           held_out, samples))
     return list(rows.values())
+
+
+def held_out_pass_rate(cfg: Config, policy: Path, tasks_per_domain: int, samples: int) -> Estimate:
+    """pass@1 over every domain's evaluation tasks (the same tasks and seed for every run)."""
+    model, tokenizer = load_model(policy, cfg.model)
+    backend = make_backend(cfg.rollout, model, tokenizer)
+    try:
+        result = evaluate(backend, tokenizer, domain_envs(cfg), {d.name: d for d in cfg.domains}, tasks_per_domain,
+                          samples, cfg.eval.seed, cfg.eval.temperature, ks=(1,), overall=True)
+    finally:
+        getattr(backend, "close", lambda: None)()
+    return result["overall"].pass_at[1]
 
 
 def step_reward(m: dict) -> float:
@@ -144,4 +169,9 @@ def reward_table(rows: list[PipelineRow]) -> str:
         to = statistics.median(seconds_to(c, target, window) for c in r.curves)
         lines.append(f"| {r.variant} | {at:.3f} | {to:.1f} | {base / to:.2f}x |" if math.isfinite(to) else
                      f"| {r.variant} | {at:.3f} | not reached | - |")
+    if rows[0].held_out:
+        lines += ["", "Held-out pass@1 of each run's final policy (95% interval; runs in round order):", "",
+                  "| pipeline | held-out pass@1 | wall s |", "|---|---|---|"]
+        lines += [f"| {r.variant} | {', '.join(str(e) for e in r.held_out)} | "
+                  f"{', '.join(f'{x:.1f}' for x in r.seconds)} |" for r in rows]
     return "\n".join(lines)

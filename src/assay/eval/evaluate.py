@@ -152,8 +152,8 @@ def summarize_domains(tasks: Sequence[Task], trajs: Sequence[Trajectory], ks: Se
 
 def evaluate(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment], domains: dict[str, DomainConfig],
              tasks_per_domain: int, n: int, seed: int, temperature: float = 1.0,
-             ks: Sequence[int] = (1, 4, 8)) -> dict[str, DomainEval]:
+             ks: Sequence[int] = (1, 4, 8), overall: bool = False) -> dict[str, DomainEval]:
     """Each domain's evaluation-partition suite (`eval_tasks`)."""
     tasks = [t for name, dom in domains.items()
              for t in eval_tasks(envs[name], name, tasks_per_domain, seed, dom.difficulty.levels(envs[name].difficulties))]
-    return evaluate_tasks(backend, tokenizer, envs, domains, tasks, n, seed, temperature, ks)
+    return evaluate_tasks(backend, tokenizer, envs, domains, tasks, n, seed, temperature, ks, overall)
