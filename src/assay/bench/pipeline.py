@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assay.bench.cpu_stat import cpu_ticks
+from assay.core.checkpoint import latest_checkpoint
 from assay.core.config import Config
 from assay.core.modeling import load_model
 from assay.core.storage import read_metrics
@@ -91,8 +92,8 @@ def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[st
                 row.curves.append(curve)
                 row.pass_rate.append(statistics.fmean(r for _, r in curve[len(curve) // 2:]))
                 if held_out:
-                    row.held_out.append(held_out_pass_rate(cfg, Path(tmp) / cfg.name / "checkpoints" / f"step_{steps}",
-                                                           held_out, samples))
+                    row.held_out.append(held_out_pass_rate(cfg, latest_checkpoint(Path(tmp) / cfg.name), held_out,
+                                                           samples))
     return list(rows.values())
 
 
