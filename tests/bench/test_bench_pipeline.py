@@ -37,9 +37,17 @@ def test_bench_pipeline_runs_every_variant_and_reports_busy_shares(tmp_path):
         assert len(curve) == 2 and 0 < curve[0][0] <= curve[1][0] <= r.seconds[0] and 0 <= curve[1][1] <= 1
     text = table(rows)
     assert all(text.count(f"| {r.variant} |") == 3 for r in rows)  # the busy, reward and held-out tables
-    assert "reward at equal wall time" in text
+    assert "reward at equal wall time" in text and "steps / h" in text
     held = text.split("Held-out pass@1 of each run's final policy", 1)[1]
     assert all(f"| {r.variant} | {r.held_out[0]} |" in held for r in rows)
+
+
+def test_each_variant_names_its_schedule_and_loop_whatever_the_default():
+    for default in (["pipeline.mode=sync", "pipeline.online=false"], ["pipeline.mode=async", "pipeline.online=true"]):
+        for name, overrides in VARIANTS.items():
+            pipeline = default_config([*default, *overrides]).pipeline
+            assert pipeline.mode == ("async" if name.startswith("async") else "sync"), name
+            assert pipeline.online == ("online" in name), name
 
 
 def test_step_reward_weights_each_domain_by_its_episodes():

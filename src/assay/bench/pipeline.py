@@ -31,16 +31,18 @@ from assay.pipeline.policy import domain_envs
 from assay.pipeline.quickstart import default_config
 from assay.rollout.factory import make_backend
 
+# Each variant names its schedule and its loop: the runs start from the quickstart's config, whose own
+# choices (online episodes, async) must not decide what a variant measures.
+SYNC, ASYNC = ["pipeline.mode=sync"], ["pipeline.mode=async", "pipeline.max_staleness=1"]
+LOCKSTEP, ONLINE = ["pipeline.online=false"], ["pipeline.online=true"]
 VARIANTS = {
-    "sync": [],
-    "sync + online episodes": ["pipeline.online=true"],
-    "async (staleness 1)": ["pipeline.mode=async", "pipeline.max_staleness=1"],
-    "async + online episodes": ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.online=true"],
-    "async + online, rollout process": ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.online=true",
-                                        "pipeline.workers=process"],
-    "sync + online, verifier processes": ["pipeline.online=true", "rollout.verifier_processes=2"],
-    "async + online, verifier processes": ["pipeline.mode=async", "pipeline.max_staleness=1", "pipeline.online=true",
-                                           "rollout.verifier_processes=2"],
+    "sync": SYNC + LOCKSTEP,
+    "sync + online episodes": SYNC + ONLINE,
+    "async (staleness 1)": ASYNC + LOCKSTEP,
+    "async + online episodes": ASYNC + ONLINE,
+    "async + online, rollout process": ASYNC + ONLINE + ["pipeline.workers=process"],
+    "sync + online, verifier processes": SYNC + ONLINE + ["rollout.verifier_processes=2"],
+    "async + online, verifier processes": ASYNC + ONLINE + ["rollout.verifier_processes=2"],
 }
 
 
@@ -142,12 +144,12 @@ def cpu_times() -> tuple[int, int] | None:
 
 def table(rows: list[PipelineRow]) -> str:
     base = rows[0].median
-    lines = ["| pipeline | wall s for the steps (median; all) | s / step | speed-up | rollout busy | trainer busy "
+    lines = ["| pipeline | wall s for the steps (median; all) | steps / h | speed-up | rollout busy | trainer busy "
              "| machine CPU busy | training pass rate, second half |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         runs = ", ".join(f"{s:.1f}" for s in r.seconds)
         busy = f"{statistics.mean(r.cpu_busy):.0%}" if r.cpu_busy else "n/a"
-        lines.append(f"| {r.variant} | {r.median:.1f} ({runs}) | {r.median / r.steps:.2f} | {base / r.median:.2f}x "
+        lines.append(f"| {r.variant} | {r.median:.1f} ({runs}) | {r.steps * 3600 / r.median:.0f} | {base / r.median:.2f}x "
                      f"| {statistics.mean(r.rollout_busy):.0%} | {statistics.mean(r.train_busy):.0%} | {busy} "
                      f"| {statistics.mean(r.pass_rate):.3f} |")
     return "\n".join(lines) + "\n\n" + reward_table(rows)
