@@ -22,14 +22,10 @@ from pathlib import Path
 from assay.bench.cpu_stat import cpu_ticks
 from assay.core.checkpoint import latest_checkpoint
 from assay.core.config import Config
-from assay.core.modeling import load_model
 from assay.core.storage import read_metrics
-from assay.eval.evaluate import evaluate
 from assay.eval.passk import Estimate
 from assay.pipeline.async_pipeline import make_pipeline
-from assay.pipeline.policy import domain_envs
-from assay.pipeline.quickstart import default_config
-from assay.rollout.factory import make_backend
+from assay.pipeline.quickstart import default_config, evaluate_policy
 
 # Each variant names its schedule and its loop: the runs start from the quickstart's config, whose own
 # choices (online episodes, async) must not decide what a variant measures.
@@ -101,14 +97,7 @@ def run_pipeline_bench(policy: Path, steps: int, rounds: int, overrides: list[st
 
 def held_out_pass_rate(cfg: Config, policy: Path, tasks_per_domain: int, samples: int) -> Estimate:
     """pass@1 over every domain's evaluation tasks (the same tasks and seed for every run)."""
-    model, tokenizer = load_model(policy, cfg.model)
-    backend = make_backend(cfg.rollout, model, tokenizer)
-    try:
-        result = evaluate(backend, tokenizer, domain_envs(cfg), {d.name: d for d in cfg.domains}, tasks_per_domain,
-                          samples, cfg.eval.seed, cfg.eval.temperature, ks=(1,), overall=True)
-    finally:
-        getattr(backend, "close", lambda: None)()
-    return result["overall"].pass_at[1]
+    return evaluate_policy(cfg, policy, tasks_per_domain, samples, ks=(1,), overall=True)["overall"].pass_at[1]
 
 
 def step_reward(m: dict) -> float:

@@ -38,11 +38,18 @@ def default_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     return build_config(yaml.safe_load(default_config_text()), overrides)
 
 
-def evaluate_policy(cfg: Config, policy_dir: Path) -> dict[str, DomainEval]:
+def evaluate_policy(cfg: Config, policy_dir: Path, tasks_per_domain: int | None = None, n: int | None = None,
+                    **options: Any) -> dict[str, DomainEval]:
+    """The policy on the evaluation partition: `cfg.eval`'s tasks per domain and samples unless given;
+    `options` go to `evaluate` (ks, overall)."""
     model, tokenizer = load_model(policy_dir, cfg.model)
-    envs = domain_envs(cfg)
-    return evaluate(make_backend(cfg.rollout, model, tokenizer), tokenizer, envs, {d.name: d for d in cfg.domains},
-                    cfg.eval.tasks_per_domain, cfg.eval.n, cfg.eval.seed, cfg.eval.temperature)
+    backend = make_backend(cfg.rollout, model, tokenizer)
+    try:
+        return evaluate(backend, tokenizer, domain_envs(cfg), {d.name: d for d in cfg.domains},
+                        tasks_per_domain or cfg.eval.tasks_per_domain, n or cfg.eval.n, cfg.eval.seed,
+                        cfg.eval.temperature, **options)
+    finally:
+        getattr(backend, "close", lambda: None)()  # vLLM's holds a process; the engine has nothing to close
 
 
 def compare(before: dict[str, DomainEval], after: dict[str, DomainEval]) -> list[dict[str, Any]]:
