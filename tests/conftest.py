@@ -55,3 +55,12 @@ def pytest_runtest_makereport(item, call):
     report = yield
     require_sandbox(report, os.environ)
     return report
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct, as the `real` extra ships it, imported once into a Hugging Face directory.
+    The extra is part of `make test`: without it these tests fail, never skip."""
+    from assay.core.gguf_import import import_gguf
+
+    return import_gguf("smollm2", tmp_path_factory.mktemp("smollm2") / "model")

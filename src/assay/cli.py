@@ -26,9 +26,11 @@ _EVAL, _DOMAIN = EvalConfig(), DomainConfig(name="-", env="-")  # `assay eval` d
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in the sandbox model-written code runs in.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: ratios measured side by side in one run.")
 env_app = typer.Typer(no_args_is_help=True, help="Environments: list, show, and the QA gate.")
+model_app = typer.Typer(no_args_is_help=True, help="Bring a pretrained model in as a Hugging Face directory.")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(bench_app, name="bench")
 app.add_typer(env_app, name="env")
+app.add_typer(model_app, name="model")
 
 
 @app.callback()
@@ -299,14 +301,16 @@ def scale(run_dir: Annotated[Path, typer.Argument(help="runs/NAME of a run with 
 
 @app.command()
 def quickstart(overrides: Overrides = None,
-               print_config: Annotated[bool, typer.Option(help="print the embedded config and exit")] = False) -> None:
+               preset: Annotated[str, typer.Option(help="a config shipped with Assay: quickstart (the embedded "
+                                                   "default) or smollm2 (RL on SmolLM2-135M-Instruct)")] = "quickstart",
+               print_config: Annotated[bool, typer.Option(help="print the preset's config and exit")] = False) -> None:
     """The main job on the embedded default config: SFT, evaluate, multi-domain RL, evaluate again."""
     from assay.pipeline.quickstart import default_config, default_config_text, run_quickstart
 
     if print_config:
-        print(default_config_text())
+        print(default_config_text(preset))
         return
-    cfg = default_config(overrides or [])
+    cfg = default_config(overrides or [], preset)
     run_quickstart(cfg, console)
 
 
@@ -323,6 +327,15 @@ def sandbox_run(ctx: typer.Context,
         raise AssayError("assay sandbox run needs a command after --, e.g. assay sandbox run -- ls -la")
     limits = Limits(timeout_s=timeout, cpu_s=max(1, int(timeout)), memory_mb=memory_mb)
     raise typer.Exit(run_command(list(ctx.args), str(template) if template else None, limits))
+
+
+@model_app.command("import")
+def model_import(source: Annotated[str, typer.Argument(help="a .gguf file, or a packaged model: smollm2")],
+                 out: Annotated[Path, typer.Argument(help="the Hugging Face directory to write")]) -> None:
+    """A GGUF model (dequantized to float32) as safetensors, tokenizer and chat template: a model.path."""
+    from assay.core.gguf_import import import_gguf
+
+    console.print(f"wrote {import_gguf(source, out)}")
 
 
 @env_app.command("list")

@@ -19,7 +19,7 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
-    path: str | None = None  # a local Hugging Face model directory; None: build from the fields below
+    path: str | None = None  # a local Hugging Face model directory or .gguf file; None: build from the fields below
     arch: Literal["qwen2", "llama"] = "qwen2"
     hidden_size: int = Field(128, gt=0)
     num_layers: int = Field(2, gt=0)

@@ -24,6 +24,7 @@ from assay.core.atomic import atomic_dir
 from assay.core.chat_format import chat_format, set_template_kwargs, template_kwargs
 from assay.core.config import ModelConfig
 from assay.core.errors import AssayError, CheckpointError
+from assay.core.gguf_import import PACKAGED
 from assay.core.tokenizer import stop_token_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -92,12 +93,20 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, direc
 def load_model(
     path: str | Path, cfg: ModelConfig | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model and tokenizer from a local Hugging Face directory (never the network), placed by `cfg`'s
+    """Model and tokenizer from a local Hugging Face directory, a .gguf file or a packaged model's name (never the network), placed by `cfg`'s
     device, dtype and attention implementation (default: float32 on the CPU, sdpa); its tokenizer renders its chat
     template with `cfg.chat_template_kwargs`, or where none are given those the directory was saved with."""
     cfg = cfg or ModelConfig()
     device = device_of(cfg)
     d = Path(path)
+    if d.suffix == ".gguf" or (not d.exists() and str(path) in PACKAGED):
+        # read and dequantized on every load: `assay model import` once is faster where a model loads often
+        from assay.core.gguf_import import load_gguf
+
+        model, tokenizer = load_gguf(d)
+        model = model.to(device=device, dtype=DTYPES[cfg.dtype])
+        use_template(tokenizer, cfg.chat_template_kwargs)
+        return model, tokenizer
     if not d.is_dir():
         raise CheckpointError(f"model directory {str(d)!r} not found; pass a directory written by save_model")
     for need in ("config.json", "tokenizer_config.json"):
@@ -132,6 +141,9 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+_MEASURE_PARAMS = 4e6  # up to this many parameters the full measuring batch is cheap
+
+
 def choose_threads(model: PreTrainedModel, batch: int = 8, seq_len: int = 128, reps: int = 3) -> int:
     """Measure forward+backward on 1 and 2 threads and return the faster count.
 
@@ -143,6 +155,9 @@ def choose_threads(model: PreTrainedModel, batch: int = 8, seq_len: int = 128, r
     params = [p for p in model.parameters() if p.requires_grad]
     vocab = model.config.vocab_size
     seq_len = min(seq_len, model.config.max_position_embeddings)
+    # the same arithmetic whatever the model's size: a 135M-parameter model measured on the tiny model's
+    # 1024 tokens spent minutes choosing; a few seconds of work tell the counts apart as well
+    batch = max(1, min(batch, round(batch * _MEASURE_PARAMS / sum(p.numel() for p in model.parameters()))))
     ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(0))
     ids = ids.to(next(model.parameters()).device)
 

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from assay.core.checkpoint import latest_checkpoint
 from assay.core.config import Config, build_config, load_config
+from assay.core.errors import ConfigError
 from assay.core.modeling import load_model
 from assay.core.storage import atomic_write, prepare_run_dir, read_metrics, trajectory_shards
 from assay.eval.evaluate import DomainEval, evaluate, paired
@@ -28,14 +29,22 @@ from assay.rollout.factory import make_backend
 from assay.train.advantages import has_signal
 
 
-def default_config_text() -> str:
-    return resources.files("assay").joinpath("configs/quickstart.yaml").read_text()
+def presets() -> list[str]:
+    """The configs shipped in the package: `quickstart` (the embedded default) and the recipes beside it."""
+    return sorted(f.name.removesuffix(".yaml") for f in resources.files("assay").joinpath("configs").iterdir()
+                  if f.name.endswith(".yaml"))
 
 
-def default_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def default_config_text(preset: str = "quickstart") -> str:
+    if preset not in presets():
+        raise ConfigError(f"no preset {preset!r}; the presets are {', '.join(presets())}")
+    return resources.files("assay").joinpath(f"configs/{preset}.yaml").read_text()
+
+
+def default_config(overrides: list[str] | tuple[str, ...] = (), preset: str = "quickstart") -> Config:
     import yaml
 
-    return build_config(yaml.safe_load(default_config_text()), overrides)
+    return build_config(yaml.safe_load(default_config_text(preset)), overrides)
 
 
 def evaluate_policy(cfg: Config, policy_dir: Path, tasks_per_domain: int | None = None, n: int | None = None,
@@ -149,11 +158,14 @@ def run_quickstart(cfg: Config, console: Console | None = None) -> list[dict[str
         nonlocal clock
         now = time.perf_counter()
         seconds[stage], clock = now - clock, now
-    console.print(f"[bold]1/5[/] building a tiny {cfg.model.arch} policy and its tokenizer, SFT on reference solutions")
-    with RunView("sft", cfg.sft.steps, console=console) as view:
+    start = cfg.model.path or f"a tiny {cfg.model.arch} policy built from the config"
+    noise = f", {cfg.sft.label_noise:.0%} of them deliberately wrong" if cfg.sft.label_noise else ""
+    console.print(f"[bold]1/5[/] {start}: SFT on the environments' reference solutions{noise}" if cfg.sft.steps
+                  else f"[bold]1/5[/] {start}, as it comes (sft.steps: 0, no imitation)")
+    with RunView("sft", max(cfg.sft.steps, 1), console=console) as view:
         policy = run_sft(cfg, sft_dir, view)
     lap("sft")
-    console.print("[bold]2/5[/] evaluating the SFT policy on held-out tasks")
+    console.print(f"[bold]2/5[/] evaluating the {'SFT' if cfg.sft.steps else 'starting'} policy on held-out tasks")
     before = evaluate_policy(cfg, policy)
     lap("eval_sft")
     console.print("   " + "  ".join(f"{name}: pass@1 {r.pass_at[1]}" for name, r in before.items()))

@@ -66,6 +66,10 @@ def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
     model, tokenizer = build_policy(cfg, envs)
     cfg = cfg.model_copy(update={"threads": apply_threads(cfg.threads, model)})  # recorded as resolved
     atomic_write(run_dir / "config.yaml", dump_config(cfg))
+    out = run_dir / "policy"
+    if cfg.sft.steps == 0:  # RL from the policy as it comes: it is saved as the run's starting point
+        save_model(model, tokenizer, out)
+        return out
     examples = build_examples(cfg, envs, tokenizer)
     metrics = MetricsLogger(run_dir)
 
@@ -81,6 +85,5 @@ def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
                   micro_batch_tokens=s.micro_batch_tokens)
     finally:
         metrics.close()
-    out = run_dir / "policy"
     save_model(model, tokenizer, out)
     return out

@@ -15,7 +15,10 @@ from assay.core.types import Message, Observation, Reward, ToolCall
 
 # The one learnable form every built-in environment's final answer takes: a line `Answer: <value>`.
 ANSWER_PREFIX = "Answer:"
+# What a prompt says of it, so that a general instruct model knows the format it is graded on.
+ANSWER_FORMAT = "End your reply with a line 'Answer: N', where N is the integer result."
 _INT = re.compile(r"-?\d+")
+_EMPHASIS = "*_`"  # markdown a chat model puts around a label or a value: "**Answer:** 42", "Answer: `42`."
 
 
 def draw_seed(rng: random.Random) -> int:
@@ -47,8 +50,14 @@ def extract_answer(text: str) -> str | None:
 
 
 def extract_int(text: str) -> int | None:
+    """The integer of the last `Answer:` line. Markdown emphasis around it and one trailing period are
+    ignored ("**Answer:** 42.", "Answer: `42`"); anything else on the line (a second number, words, a
+    unit) makes it no answer, so a list of candidates cannot pass."""
     answer = extract_answer(text)
-    return int(answer) if answer is not None and _INT.fullmatch(answer) else None
+    if answer is None:
+        return None
+    answer = answer.strip(_EMPHASIS + " ").removesuffix(".").strip(_EMPHASIS + " ")
+    return int(answer) if _INT.fullmatch(answer) else None
 
 
 def last_assistant(messages: Sequence[Message]) -> Message | None:

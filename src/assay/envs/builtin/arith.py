@@ -15,6 +15,7 @@ from functools import partial
 
 from assay.core.types import Message, Task, ToolSpec
 from assay.envs.builtin._common import (
+    ANSWER_FORMAT,
     SingleTurnEpisode,
     check_difficulty,
     draw_seed,
@@ -117,7 +118,8 @@ _LEVELS = {1: (1, "+-", False, False, 9), 2: (2, "+-", False, False, 20), 3: (3,
 @register
 class ArithEnv:
     name = "arith"
-    version = "2"
+    version = "3"  # 3: the prompt states the answer format
+    task_stream = "arith@2"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "math"
     difficulties = (1, 2, 3, 4)
     tools: tuple[ToolSpec, ...] = ()
@@ -127,7 +129,7 @@ class ArithEnv:
         check_difficulty(self.name, difficulty, self.difficulties)
         spec = f"{self.name}@{self.version}"
         seed = draw_seed(rng)
-        local = task_rng(spec, difficulty, seed)
+        local = task_rng(self.task_stream, difficulty, seed)
         ops, choices, needs_mul, needs_parens, max_leaf = _LEVELS[difficulty]
         while True:  # rejection sampling: cheap, and the accepted tasks stay uniform over the allowed ones
             expr = render(_random_tree(local, ops, choices, max_leaf))
@@ -136,8 +138,8 @@ class ArithEnv:
             if (_acceptable(chain) and ("*" in expr) >= needs_mul and ("(" in expr) == needs_parens):
                 break
         payload = {"expression": expr, "answer": answer}
-        return Task(env=spec, task_id=task_id(spec, difficulty, expr), difficulty=difficulty,
-                    prompt=[Message("user", f"Compute {expr}.")], payload=payload, seed=seed,
+        return Task(env=spec, task_id=task_id(self.task_stream, difficulty, expr),
+                    difficulty=difficulty, prompt=[Message("user", f"Compute {expr}. {ANSWER_FORMAT}")], payload=payload, seed=seed,
                     env_hash=env_hash(self))
 
     def reference_solution(self, task: Task) -> list[Message]:

@@ -112,6 +112,9 @@ FAMILIES: dict[int, dict[str, Family]] = {
 }
 
 N_TESTS = 6
+# What the verifier parses (`_pyjudge.extract_code`): the last fenced block that defines something, else
+# unfenced code from its first line that starts code; `f` is then called on the hidden inputs.
+FORMAT = "Answer with the function f in a ```python code block."
 
 
 def reference_code(family: Family, params: dict[str, Any]) -> str:
@@ -167,7 +170,8 @@ class CodegenEpisode:
 @register
 class CodegenEnv:
     name = "codegen"
-    version = "5"  # 5: a result counts only from a child the harness saw end; 4: graded in batches; 3's tasks
+    version = "6"  # 6: the prompt states the answer format; 5: a result counts only from a child the harness
+    # saw end; 4: graded in batches; 3's tasks
     task_stream = "codegen@3"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "code"
     qa_kind = "code"
@@ -195,12 +199,14 @@ class CodegenEnv:
         inputs.insert(0, inputs.pop(shown))
         outputs.insert(0, outputs.pop(shown))
         example = f"f({_show(inputs[0])}) == {outputs[0]!r}"
-        prompt = f"Write a Python function f({family.args}) that returns {family.says.format(**params)}.\n" \
-                 f"Example: {example}"
+        spec_text = f"Write a Python function f({family.args}) that returns {family.says.format(**params)}.\n" \
+                    f"Example: {example}"
         tests = [[a, o] for a, o in zip(inputs[1:], outputs[1:], strict=True)]
         payload = {"family": key, "params": params, "code": code, "tests": tests}
-        return Task(env=spec, task_id=task_id(self.task_stream, difficulty, [prompt, tests]),
-                    difficulty=difficulty, prompt=[Message("user", prompt)], payload=payload, seed=seed,
+        # the id hashes the spec alone, so version 6's format line keeps version 3's tasks and partition
+        return Task(env=spec, task_id=task_id(self.task_stream, difficulty, [spec_text, tests]),
+                    difficulty=difficulty, prompt=[Message("user", f"{spec_text}\n{FORMAT}")], payload=payload,
+                    seed=seed,
                     env_hash=env_hash(self))
 
     def reference_solution(self, task: Task) -> list[Message]:

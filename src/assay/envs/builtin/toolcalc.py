@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 
 from assay.core.types import Message, Observation, Reward, Task, ToolCall, ToolSpec
-from assay.envs.builtin._common import check_difficulty, draw_seed, grade_int, task_id, task_rng
+from assay.envs.builtin._common import ANSWER_FORMAT, check_difficulty, draw_seed, grade_int, task_id, task_rng
 from assay.envs.registry import env_hash, register
 from assay.envs.tools import object_schema, validate_call
 from assay.sandbox.base import Sandbox
@@ -67,7 +67,8 @@ class ToolcalcEpisode:
 @register
 class ToolcalcEnv:
     name = "toolcalc"
-    version = "2"
+    version = "3"  # 3: the prompt states the answer format
+    task_stream = "toolcalc@2"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "agent"
     difficulties = (1, 2, 3, 4)
     tools: tuple[ToolSpec, ...] = (LOOKUP,)
@@ -77,7 +78,7 @@ class ToolcalcEnv:
         check_difficulty(self.name, difficulty, self.difficulties)
         spec = f"{self.name}@{self.version}"
         seed = draw_seed(rng)
-        local = task_rng(spec, difficulty, seed)
+        local = task_rng(self.task_stream, difficulty, seed)
         signs = _SIGNS[difficulty]
         keys = local.sample(NAMES, len(signs))
         hi = 99 if difficulty == 1 else 30
@@ -88,8 +89,8 @@ class ToolcalcEnv:
                 break
         question = keys[0] + "".join(f" {s} {k}" for s, k in zip(signs[1:], keys[1:], strict=True))
         payload = {"table": dict(zip(keys, values, strict=True)), "keys": keys, "signs": signs, "answer": answer}
-        prompt = [Message("system", SYSTEM), Message("user", f"What is {question}?")]
-        return Task(env=spec, task_id=task_id(spec, difficulty, payload), difficulty=difficulty,
+        prompt = [Message("system", SYSTEM), Message("user", f"What is {question}? {ANSWER_FORMAT}")]
+        return Task(env=spec, task_id=task_id(self.task_stream, difficulty, payload), difficulty=difficulty,
                     prompt=prompt, tools=list(self.tools), payload=payload, seed=seed, env_hash=env_hash(self))
 
     def reference_solution(self, task: Task) -> list[Message]:
