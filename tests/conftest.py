@@ -3,7 +3,11 @@ cannot isolate code. Then the sandbox tests skip themselves and the environments
 the test suite's own, trusted programs (references and cheater strategies) without isolation.
 
 Where ASSAY_REQUIRE_SANDBOX=1 (CI sets it: it runs as root, so it can isolate), a test skipped for
-want of isolation fails instead: such a skip says NO_SANDBOX, wherever it comes from."""
+want of isolation fails instead: such a skip says NO_SANDBOX, wherever it comes from.
+
+Likewise where CI is set (CI systems set it; .ci/run does), a test skipped because a tool CI installs
+is missing (a C compiler for the kernels, Chromium for the page) fails instead: such a skip's reason
+starts with MISSING_TOOL, so CI cannot skip in silence."""
 
 import os
 import warnings
@@ -20,6 +24,13 @@ NO_SANDBOX = "the namespace sandbox cannot run on this host"
 
 def sandbox_required(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(REQUIRE, "0").strip() not in ("", "0")
+
+
+MISSING_TOOL = "missing tool"  # the start of a skip's reason that CI turns into a failure
+
+
+def in_ci(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def pytest_configure(config):
@@ -50,10 +61,19 @@ def require_sandbox(report: pytest.TestReport, environ: Mapping[str, str]) -> No
         report.longrepr = f"{REQUIRE}=1, but {report.longrepr[2].removeprefix('Skipped: ')}"
 
 
+def require_tools(report: pytest.TestReport, environ: Mapping[str, str]) -> None:
+    """Turn a skip for a missing tool into a failure where CI is set."""
+    if report.skipped and isinstance(report.longrepr, tuple) and in_ci(environ) \
+            and report.longrepr[2].removeprefix("Skipped: ").startswith(MISSING_TOOL):
+        report.outcome = "failed"
+        report.longrepr = f"CI is set, but a test skipped: {report.longrepr[2].removeprefix('Skipped: ')}"
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
     require_sandbox(report, os.environ)
+    require_tools(report, os.environ)
     return report
 
 

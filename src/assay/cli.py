@@ -120,6 +120,9 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
           endpoint: Annotated[str | None, typer.Option(help="an OpenAI-compatible endpoint to evaluate, e.g. "
                                                        "http://127.0.0.1:8000/v1 (with --model)")] = None,
           model: Annotated[str | None, typer.Option(help="the endpoint's model name")] = None,
+          api_key_env: Annotated[str | None, typer.Option(help="the environment variable holding the endpoint's "
+                                                          "API key (default: OPENAI_API_KEY, if set); the key "
+                                                          "is never printed or recorded")] = None,
           n: Annotated[int, typer.Option(help="samples per task (a suite sets its own)")] = _EVAL.n,
           tasks: Annotated[int, typer.Option(help="tasks per environment")] = _EVAL.tasks_per_domain,
           difficulty: Annotated[list[int] | None, typer.Option(help="levels to cover (default: all)")] = None,
@@ -150,7 +153,11 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
         raise ConfigError(f"--repeats must be at least 1, got {repeats}")
     if (endpoint is None) != (model is None):
         raise ConfigError("an endpoint needs both --endpoint URL and --model NAME")
-    remote = [Endpoint(endpoint, model)] if endpoint is not None and model is not None else []
+    if api_key_env is not None and endpoint is None:
+        raise ConfigError("--api-key-env names the key of an endpoint: pass it with --endpoint URL --model NAME")
+    remote = [Endpoint(endpoint, model, api_key_env)] if endpoint is not None and model is not None else []
+    for e in remote:
+        e.api_key()  # a named variable that is unset fails here, before anything runs
     out = out or Path("evals") / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     settings: dict[str, Any] = {"backend": backend, "seed": seed}
     if target.suffix in (".yaml", ".yml"):

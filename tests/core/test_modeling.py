@@ -1,10 +1,21 @@
+import os
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from assay.core.config import ModelConfig
 from assay.core.errors import AssayError, CheckpointError
-from assay.core.modeling import build_model, choose_threads, load_model, save_model, set_threads
+from assay.core.modeling import (
+    build_model,
+    cgroup_cpu_limit,
+    choose_threads,
+    load_model,
+    save_model,
+    set_threads,
+    thread_candidates,
+    usable_cores,
+)
 from assay.core.tokenizer import train_tokenizer
 
 torch.set_num_threads(1)
@@ -75,6 +86,76 @@ def test_choose_threads_measures_and_restores(model):
     assert choose_threads(model, batch=2, seq_len=16, reps=1) in (1, 2)
     assert torch.get_num_threads() == 1
     assert [p.grad for p in model.parameters()] == grads_before  # no .grad was written
+
+
+def test_choose_threads_tries_powers_of_two_up_to_the_cores_and_stops_once_slower(model, monkeypatch):
+    import types
+
+    import assay.core.modeling as modeling
+
+    tried: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", tried.append)
+    # each count's timing: a start then an end; 1 thread 8 s, 2: 4 s, 4: 2 s, 8: 3 s (slower: the search stops)
+    clock = iter([0.0, 8.0, 0.0, 4.0, 0.0, 2.0, 0.0, 3.0])
+    monkeypatch.setattr(modeling, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    assert choose_threads(model, batch=1, seq_len=4, reps=1, cores=32) == 4
+    assert tried[:-1] == [1, 2, 4, 8]  # not 16 or 32; then the previous count is restored
+
+
+def test_thread_candidates():
+    assert thread_candidates(1) == [1]
+    assert thread_candidates(2) == [1, 2]
+    assert thread_candidates(6) == [1, 2, 4, 6]
+    assert thread_candidates(64) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def _cgroups(tmp_path, proc: str, files: dict[str, str]) -> tuple:
+    root = tmp_path / "sys"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (tmp_path / "self_cgroup").write_text(proc)
+    return root, tmp_path / "self_cgroup"
+
+
+def test_cgroup_v2_quota_is_the_tightest_along_the_path(tmp_path):
+    root, me = _cgroups(tmp_path, "0::/jobs/one\n", {
+        "cgroup.controllers": "cpu memory", "jobs/cpu.max": "250000 100000", "jobs/one/cpu.max": "max 100000"})
+    assert cgroup_cpu_limit(root, me) == 2.5  # the parent's limit holds under an unlimited child
+    (root / "jobs" / "one" / "cpu.max").write_text("50000 100000")
+    assert cgroup_cpu_limit(root, me) == 0.5
+    (root / "jobs" / "cpu.max").write_text("max 100000")
+    (root / "jobs" / "one" / "cpu.max").write_text("max 100000")
+    assert cgroup_cpu_limit(root, me) is None
+
+
+def test_cgroup_v1_quota_and_a_hybrid_host(tmp_path):
+    # v1 controllers with the unified hierarchy beside them (as on the development machine)
+    root, me = _cgroups(tmp_path, "4:memory:/x\n2:cpu,cpuacct:/job\n0::/\n", {
+        "cpu,cpuacct/job/cpu.cfs_quota_us": "300000", "cpu,cpuacct/job/cpu.cfs_period_us": "100000",
+        "cpu,cpuacct/cpu.cfs_quota_us": "-1", "cpu,cpuacct/cpu.cfs_period_us": "100000",
+        "unified/cgroup.controllers": ""})
+    assert cgroup_cpu_limit(root, me) == 3.0
+    (root / "cpu,cpuacct" / "job" / "cpu.cfs_quota_us").write_text("-1")
+    assert cgroup_cpu_limit(root, me) is None
+    assert cgroup_cpu_limit(root, tmp_path / "missing") is None  # not Linux, or no /proc
+
+
+def test_a_container_sees_its_cgroup_as_the_root(tmp_path):
+    root, me = _cgroups(tmp_path, "0::/kubepods/pod1/abc\n", {"cgroup.controllers": "cpu", "cpu.max": "150000 100000"})
+    assert cgroup_cpu_limit(root, me) == 1.5  # the path is the host's and does not exist here
+
+
+def test_usable_cores_is_the_affinity_capped_by_the_quota(monkeypatch):
+    import assay.core.modeling as modeling
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(modeling, "cgroup_cpu_limit", lambda: 2.5)
+    assert usable_cores() == 3  # a fractional core still runs a thread
+    monkeypatch.setattr(modeling, "cgroup_cpu_limit", lambda: None)
+    assert usable_cores() == 8
+    monkeypatch.setattr(modeling, "cgroup_cpu_limit", lambda: 64.0)
+    assert usable_cores() == 8
 
 
 def test_set_threads():

@@ -13,6 +13,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pandas as pd
 import pytest
 
 from assay.eval.record import read_record
@@ -54,10 +55,18 @@ def _reply(body: dict) -> dict:
             "usage": {"prompt_tokens": 10 * len(messages), "completion_tokens": 7, "total_tokens": 10 * len(messages) + 7}}
 
 
+KEY = "sk-test-0123456789abcdef"  # the key model "locked" requires
+
+
 class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if body.get("model") != "scripted":
+        sent = self.headers.get("Authorization", "").removeprefix("Bearer ")
+        ping = body["messages"][-1]["content"] == "ping"
+        if (body.get("model") == "locked" and sent != KEY) or (body.get("model") == "leaky" and not ping):
+            # refused, echoing the key it got, as some servers do ("leaky" answers only the reachability ping)
+            data, code = json.dumps({"error": {"message": f"Incorrect API key provided: {sent}"}}).encode(), 401
+        elif body.get("model") not in ("scripted", "locked", "leaky"):
             data, code = json.dumps({"error": {"message": "no such model"}}).encode(), 404
         else:
             data, code = json.dumps(_reply(body)).encode(), 200
@@ -79,9 +88,10 @@ def server():
     srv.shutdown()
 
 
-def assay(*args: str) -> subprocess.CompletedProcess:
+def assay(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "assay.cli", *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "250", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"})
+                          env={**os.environ, "COLUMNS": "250", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
+                               **env})
 
 
 def test_an_endpoint_policy_is_evaluated_through_chat_completions_and_tool_calls(server, tmp_path):
@@ -108,3 +118,32 @@ def test_an_unreachable_endpoint_or_unknown_model_is_one_line(server, tmp_path):
         assert out.returncode != 0 and len(lines) == 1 and what in lines[0], out.stderr
     half = assay("eval", "suites/arith.yaml", "--endpoint", server)
     assert half.returncode != 0 and "both --endpoint URL and --model NAME" in half.stderr
+
+
+def test_the_api_key_comes_from_the_named_variable_and_is_never_printed_or_recorded(server, tmp_path):
+    out = assay("eval", "suites/arith.yaml", "--endpoint", server, "--model", "locked", "--api-key-env", "MY_KEY",
+                "--out", str(tmp_path / "ok"), "--html", MY_KEY=KEY)
+    assert out.returncode == 0, out.stderr
+    assert read_record(tmp_path / "ok")["domains"]["arith@2"]["metrics"]["pass_at"]["1"]["value"] == 1.0
+    default = assay("eval", "suites/arith.yaml", "--endpoint", server, "--model", "locked",
+                    "--out", str(tmp_path / "default"), OPENAI_API_KEY=KEY)  # the default variable
+    assert default.returncode == 0, default.stderr
+    wrong = "sk-wrong-9876543210"  # refused: one line naming the variable, the echoed key masked
+    refused = assay("eval", "suites/arith.yaml", "--endpoint", server, "--model", "locked", "--api-key-env", "MY_KEY",
+                    "--out", str(tmp_path / "wrong"), MY_KEY=wrong)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode != 0 and len(lines) == 1 and "refused the API key in $MY_KEY" in lines[0], refused.stderr
+    unset = assay("eval", "suites/arith.yaml", "--endpoint", server, "--model", "locked", "--api-key-env", "NO_SUCH_KEY")
+    assert unset.returncode != 0 and "NO_SUCH_KEY is not set" in unset.stderr
+    leaky = assay("eval", "suites/arith.yaml", "--endpoint", server, "--model", "leaky", "--out",
+                  str(tmp_path / "leaky"), OPENAI_API_KEY=KEY)  # every episode fails with the key in the error
+    assert leaky.returncode == 0, leaky.stderr
+    errors = pd.read_parquet(tmp_path / "leaky" / "trajectories", columns=["reward_info"])["reward_info"]
+    assert errors.str.contains(r"Incorrect API key provided: \*\*\*").all()
+    for run in (out, default, refused, unset, leaky):
+        assert KEY not in run.stdout + run.stderr and wrong not in run.stdout + run.stderr
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]  # the records, their trajectories and report.html
+    assert any(p.suffix == ".parquet" for p in files) and any(p.suffix == ".html" for p in files)
+    for path in files:
+        text = pd.read_parquet(path).to_json() if path.suffix == ".parquet" else path.read_text(errors="replace")
+        assert KEY not in text and wrong not in text, path

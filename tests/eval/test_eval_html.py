@@ -41,7 +41,8 @@ def test_the_page_holds_the_table_curves_and_trajectories(record_dir):
     assert "arith" in page and "toolcalc" in page and "overall" in page
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+@pytest.mark.skipif(CHROMIUM is None,  # "missing tool": CI fails it (tests/conftest.py)
+                    reason="missing tool: Debian's chromium is not installed (.ci/run installs it)")
 def test_chromium_renders_the_plots_and_the_table(record_dir, tmp_path):
     page = write_eval_html(record_dir)
     out = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

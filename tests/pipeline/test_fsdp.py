@@ -95,7 +95,7 @@ def test_a_sharded_async_run_resumes_to_the_same_steps(tiny_config, tmp_path):
     resumed.run()
     a, b = _checkpoint(tmp_path, "straight", 4), _checkpoint(tmp_path, "half", 4)
     assert all(torch.equal(a[k], b[k]) for k in a)  # model and Adam's moments restored on both ranks' shards
-    opt_a, opt_b = (torch.load(tmp_path / n / "checkpoints" / "step_4" / "trainer.pt", weights_only=False)
+    opt_a, opt_b = (torch.load(tmp_path / n / "checkpoints" / "step_4" / "trainer.pt", weights_only=True)
                     for n in ("straight", "half"))
     moments = opt_a["trainer"]["optimizer"]["state"]
     assert moments.keys() == opt_b["trainer"]["optimizer"]["state"].keys() and len(moments) == len(a)  # a param each

@@ -5,7 +5,9 @@ import torch
 
 from assay.rollout.engine import attention, cpu_kernel
 
-pytestmark = pytest.mark.skipif(cpu_kernel._library() is None, reason="no C compiler: the PyTorch path runs")
+pytestmark = pytest.mark.skipif(cpu_kernel._library() is None,  # "missing tool": CI fails it (tests/conftest.py)
+                                reason="missing tool: the C kernels did not build (a C compiler with OpenMP); "
+                                       "the PyTorch path runs")
 
 
 @pytest.fixture(params=[1, 2, 8], ids=["1-thread", "2-threads", "8-threads"])

@@ -53,7 +53,8 @@ def attention_path(request, monkeypatch):
     from assay.rollout.engine import cpu_kernel, model_runner
 
     if request.param == "kernel" and cpu_kernel._library() is None:
-        pytest.skip("no C compiler: only the PyTorch path exists here")
+        pytest.skip("missing tool: the C kernels did not build (a C compiler with OpenMP); only the PyTorch path "
+                    "exists here")
     if request.param in ("pytorch", "padded"):
         monkeypatch.setattr(cpu_kernel, "usable", lambda q, k_cache: False)
         monkeypatch.setattr(cpu_kernel, "fused_usable", lambda x: False)
@@ -270,7 +271,9 @@ def test_the_c_decode_step_samples_exactly_what_the_layer_by_layer_forward_does(
     from assay.rollout.engine import cpu_kernel, onednn
     from assay.rollout.engine import model as paged
 
-    if cpu_kernel._library() is None or not onednn.available():
+    if cpu_kernel._library() is None:
+        pytest.skip("missing tool: the C kernels did not build (a C compiler with OpenMP)")
+    if not onednn.available():
         pytest.skip("the C step runs on the C kernels' panels beside oneDNN")
     prompts = random_prompts(len(tok), 2, max_len=60, seed=6)
     requests = [GenRequest(p, SamplingParams(temperature=1.0, max_tokens=30, seed=i), n=4) for i, p in enumerate(prompts)]

@@ -56,7 +56,7 @@ def _steps(rank: int, out: str, start: str) -> None:
     state = trainer.state_dict()  # every rank gathers; rank 0 receives
     weights = dict(trainer.named_weights())
     resumed = GRPOTrainer(tiny_qwen(seed=2), SHARDED, ref_model=tiny_qwen(seed=1), data_parallel=True)
-    resumed.load_state_dict(torch.load(start, weights_only=False))  # an unsharded trainer's after 2 steps
+    resumed.load_state_dict(torch.load(start, weights_only=True))  # an unsharded trainer's after 2 steps
     resumed.step(_batch(2))
     then = dict(resumed.named_weights())
     if rank == 0:
@@ -72,11 +72,11 @@ def test_two_sharded_ranks_step_as_one_unsharded_process_and_resume_from_its_sta
     single = GRPOTrainer(tiny_qwen(), CFG, ref_model=tiny_qwen(seed=1))
     expected = [single.step(_batch(s)) for s in (0, 1)]
     torch.save(single.state_dict(), tmp_path / "single.pt")  # a copy: the trainer steps on
-    start = torch.load(tmp_path / "single.pt", weights_only=False)
+    start = torch.load(tmp_path / "single.pt", weights_only=True)
     single.step(_batch(2))
     mp.spawn(_rank, args=(2, str(tmp_path / "store"), str(tmp_path), str(tmp_path / "single.pt")), nprocs=2,
              join=True)
-    got = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    got = torch.load(tmp_path / "rank0.pt", weights_only=True)
     for rank in (0, 1):  # left with the group: a gloo thread outliving it could abort the process at exit
         assert json.loads((tmp_path / f"threads{rank}.json").read_text()) == []
     assert got["sharded"]  # every parameter is a DTensor of which rank 0 holds a part

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,16 +144,86 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The CPU quota of this process's cgroup in cores (the tightest along its path up to the root), or
+    None when there is none: cgroup v2 `cpu.max` ("QUOTA PERIOD" or "max PERIOD"), v1
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us` (quota -1: none). v2 is mounted at `root` or, on a host
+    with both versions, at `root/unified`."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one hierarchy
+            mounts = [m for m in (root, root / "unified") if (m / "cgroup.controllers").is_file()]
+            limits += _quotas(mounts, path, lambda d: _v2_quota(d / "cpu.max"))
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's hierarchy
+            mounts = [root / name for name in dict.fromkeys((controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu"))]
+            limits += _quotas([m for m in mounts if m.is_dir()], path,
+                              lambda d: _v1_quota(d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us"))
+    return min(limits, default=None)
+
+
+def _quotas(mounts: list[Path], path: str, read: Callable[[Path], float | None]) -> list[float]:
+    """Each quota set from the cgroup at `path` up to the mount's root (a container sees its own cgroup
+    as the root, where the path may not exist)."""
+    found = []
+    for mount in mounts:
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            quota = read(mount.joinpath(*parts[:depth]))
+            if quota is not None:
+                found.append(quota)
+    return found
+
+
+def _v2_quota(file: Path) -> float | None:
+    try:
+        quota, period = file.read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def _v1_quota(quota_file: Path, period_file: Path) -> float | None:
+    try:
+        quota, period = int(quota_file.read_text()), int(period_file.read_text())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by its cgroup's CPU quota (rounded up)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    return max(1, min(cores, math.ceil(limit))) if limit is not None else max(1, cores)
+
+
+def thread_candidates(cores: int) -> list[int]:
+    """1, 2, 4, ... up to `cores`, and `cores` itself."""
+    counts = [1 << i for i in range(cores.bit_length()) if 1 << i <= cores]
+    return counts if counts[-1] == cores else [*counts, cores]
+
+
 _MEASURE_PARAMS = 4e6  # up to this many parameters the full measuring batch is cheap
 
 
-def choose_threads(model: PreTrainedModel, batch: int = 8, seq_len: int = 128, reps: int = 3) -> int:
-    """Measure forward+backward on 1 and 2 threads and return the faster count.
+def choose_threads(model: PreTrainedModel, batch: int = 8, seq_len: int = 128, reps: int = 3,
+                   cores: int | None = None) -> int:
+    """Measure forward+backward at 1, 2, 4, ... threads up to the cores this process may use (`usable_cores`:
+    affinity and cgroup quota) and return the fastest count.
 
-    On a shared 2-core box small matrices often run much slower on two threads (contention),
-    but that depends on the model size and the load, so it is measured, not assumed. The
-    previous thread count is restored; gradients are computed with autograd.grad so no
-    `.grad` of the model is touched."""
+    On a shared machine small matrices often run much slower on more threads (contention), but that
+    depends on the model size and the load, so it is measured, not assumed. The counts are tried in
+    increasing order and the search stops at the first that is slower than the best so far (more threads
+    rarely win again past it, and each try costs a few steps). The previous thread count is restored;
+    gradients are computed with autograd.grad so no `.grad` of the model is touched."""
     before = torch.get_num_threads()
     params = [p for p in model.parameters() if p.requires_grad]
     vocab = model.config.vocab_size
@@ -167,13 +240,15 @@ def choose_threads(model: PreTrainedModel, batch: int = 8, seq_len: int = 128, r
 
     times: dict[int, float] = {}
     try:
-        for n in (1, 2):
+        for n in thread_candidates(cores or usable_cores()):
             torch.set_num_threads(n)
             step()  # warm-up
             t0 = time.perf_counter()
             for _ in range(reps):
                 step()
             times[n] = time.perf_counter() - t0
+            if times[n] > min(times.values()):
+                break
     finally:
         torch.set_num_threads(before)
     return min(times, key=lambda n: times[n])

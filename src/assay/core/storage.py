@@ -78,6 +78,18 @@ def trajectory_from_row(r: dict[str, Any]) -> Trajectory:
     return Trajectory(task=task, **{name: value(name) for name in _TRAJECTORY_COLUMNS})
 
 
+def trajectory_plain(t: Trajectory) -> dict[str, Any]:
+    """A trajectory as plain data (str, numbers, lists, dicts): what a checkpoint holds, since loading
+    it must unpickle nothing but data (`torch.load(weights_only=True)`). Both env hashes are kept apart."""
+    return {"row": trajectory_row(t, 0), "env_hash": t.env_hash, "task_env_hash": t.task.env_hash}
+
+
+def trajectory_from_plain(d: dict[str, Any]) -> Trajectory:
+    t = trajectory_from_row(d["row"])
+    t.env_hash, t.task.env_hash = d["env_hash"], d["task_env_hash"]
+    return t
+
+
 class TrajectoryWriter:
     """Append-only shards: one Parquet file per write, complete or absent."""
 

@@ -6,6 +6,7 @@ so such trajectories are for evaluation: they carry the token counts the server 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,20 +22,42 @@ from assay.envs.episode import close_episode, start_episode, step_episode
 CONCURRENCY = 8  # episodes in flight against the server
 
 
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+
+
 @dataclass(frozen=True)
 class Endpoint:
+    """The key is never held here (so no record, repr or log of an Endpoint can carry it): `client()` reads
+    it from the environment variable `api_key_env` names. None: OPENAI_API_KEY if set, else no key (a
+    local server); a variable the user named must be set."""
+
     url: str  # e.g. http://127.0.0.1:8000/v1
     model: str
-    api_key: str = "none"
+    api_key_env: str | None = None
     timeout_s: float = 120.0
 
     def identity(self) -> dict[str, str]:
         return {"kind": "endpoint", "url": self.url, "model": self.model}
 
+    def key_env(self) -> str:
+        return self.api_key_env or DEFAULT_KEY_ENV
+
+    def api_key(self) -> str:
+        key = os.environ.get(self.key_env(), "")
+        if not key and self.api_key_env is not None:
+            raise AssayError(f"the API key variable {self.api_key_env} is not set (or empty); export it, or pass "
+                             "--api-key-env NAME for the variable that holds the endpoint's key")
+        return key or "none"  # the client needs some key; a server without authentication ignores it
+
+    def redact(self, text: str) -> str:
+        """`text` with the key masked: a server's error may echo the key it was sent."""
+        key = os.environ.get(self.key_env(), "")
+        return text.replace(key, "***") if len(key) >= 4 else text
+
     def client(self) -> Any:
         import openai
 
-        return openai.OpenAI(base_url=self.url, api_key=self.api_key, timeout=self.timeout_s, max_retries=2)
+        return openai.OpenAI(base_url=self.url, api_key=self.api_key(), timeout=self.timeout_s, max_retries=2)
 
 
 def check_reachable(endpoint: Endpoint) -> None:
@@ -48,8 +71,13 @@ def check_reachable(endpoint: Endpoint) -> None:
         raise AssayError(f"endpoint {endpoint.url} is unreachable ({e.__class__.__name__}); check --endpoint and "
                          "that the server is running") from None
     except openai.APIStatusError as e:
+        message = endpoint.redact(str(e.message))[:200]
+        if e.status_code in (401, 403):
+            raise AssayError(f"endpoint {endpoint.url} refused the API key in ${endpoint.key_env()} (HTTP "
+                             f"{e.status_code}: {message}); set that variable to a valid key, or name the "
+                             "one that holds it with --api-key-env") from None
         raise AssayError(f"endpoint {endpoint.url} refused model {endpoint.model!r} (HTTP {e.status_code}: "
-                         f"{str(e.message)[:200]}); check --model") from None
+                         f"{message}); check --model") from None
 
 
 def _wire(m: Message, call_ids: list[str]) -> dict[str, Any]:
@@ -156,4 +184,6 @@ def run_endpoint_episodes(endpoint: Endpoint, envs: dict[str, Environment], doma
                                                    None if seed is None else seed + job[2]), jobs))
     for (i, task, _), t in zip(jobs, trajs, strict=True):
         t.group_id = f"{i}:{task.task_id}"
+        if "error" in t.reward_info:  # a server's error text, recorded: never with the key in it
+            t.reward_info["error"] = endpoint.redact(t.reward_info["error"])
     return trajs

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from assay.core.config import Config, build_config, load_config
 from assay.core.errors import ConfigError
-from assay.core.storage import TrajectoryWriter, prepare_run_dir
+from assay.core.storage import TrajectoryWriter, prepare_run_dir, trajectory_from_plain, trajectory_plain
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
 from assay.pipeline.policy import Given
@@ -42,6 +42,20 @@ class _Stopped(Exception):
 Batch = tuple[int, list[Trajectory], list[Trajectory], int, dict[str, float]]  # version, all, kept, dropped, stats
 
 
+def batch_plain(batch: Batch) -> dict[str, Any]:
+    """A batch as plain data for a checkpoint (which loads with weights_only=True); the kept
+    trajectories as indices into all of them, so that they stay the same objects after a resume."""
+    version, everything, kept, dropped, stats = batch
+    index = {id(t): i for i, t in enumerate(everything)}
+    return {"version": version, "everything": [trajectory_plain(t) for t in everything],
+            "kept": [index[id(t)] for t in kept], "dropped": dropped, "stats": dict(stats)}
+
+
+def batch_from_plain(d: dict[str, Any]) -> Batch:
+    everything = [trajectory_from_plain(t) for t in d["everything"]]
+    return d["version"], everything, [everything[i] for i in d["kept"]], d["dropped"], dict(d["stats"])
+
+
 class AsyncPipeline(SyncPipeline):
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, given: Given | None = None) -> None:
         super().__init__(cfg, run_dir, resume, given)
@@ -50,7 +64,8 @@ class AsyncPipeline(SyncPipeline):
         # steps whose batch the trainer has trained / the mixer has seen / whose tasks are drawn
         self._trained = self._seen = self._sampled = self.start_step
         # sampled batches not yet trained, by step; a checkpoint holds those sampled ahead of it
-        self._ready: dict[int, Batch] = dict(self.resumed.get("buffer") or {}) if self.resumed else {}
+        buffer = (self.resumed or {}).get("buffer") or {}
+        self._ready: dict[int, Batch] = {int(s): batch_from_plain(b) for s, b in buffer.items()}
         ahead = list(self._ahead(self.start_step))
         if sorted(self._ready) != ahead[:len(self._ready)]:  # a prefix: a finished run resumed for more steps
             self.close_backend()
@@ -89,7 +104,7 @@ class AsyncPipeline(SyncPipeline):
         if self._failed.is_set():
             raise _Stopped
         with self._lock:
-            buffer = {s: self._ready[s] for s in ahead}
+            buffer = {s: batch_plain(self._ready[s]) for s in ahead}
             return self._save(step, buffer)
 
     def _ahead(self, step: int) -> range:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from assay.core.checkpoint import load_trainer_file
 from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Trajectory
@@ -112,7 +113,7 @@ class Rank:
     def state(self, data: bytes) -> None:
         """Bytes, so that no two ranks share the tensors of one optimizer state; read onto the CPU (loading
         copies each tensor, or a sharded rank its shard, to the device)."""
-        self.trainer.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=False))
+        self.trainer.load_state_dict(load_trainer_file(io.BytesIO(data)))  # tensors and plain data only
 
     def gather(self) -> None:
         """Join rank 0's gather of the whole trainer state (sharded: a collective); rank 0 keeps it."""

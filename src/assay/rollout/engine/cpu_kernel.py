@@ -6,8 +6,12 @@ Decoding is memory-bound on the CPU, and the PyTorch path first gathers every ro
 values into a padded copy, then reads the copy: three passes over the cache where the kernel makes
 one. A decode step's other work is many small elementwise ops (the residual add and RMSNorm, the
 biases, RoPE, the KV-cache write, SiLU x up), each a PyTorch dispatch and an allocation; the fused
-kernels do each group in one pass over preallocated or in-place memory. The kernels are compiled with the system C compiler on first use (about a second) into a cache keyed by
-the source, the flags and the CPU, and loaded with ctypes, which releases the GIL while it runs.
+kernels do each group in one pass over preallocated or in-place memory. The kernels are compiled with the system
+C compiler on first use (about a second) into a cache keyed by the source, the flags and the CPU, and loaded
+with ctypes, which releases the GIL while it runs. They are compiled for this CPU (-march=native) with IEEE
+semantics kept (no -ffast-math: the kernels use infinities as sentinels, which finite-math would leave
+undefined). The cache directory may be shared between machines (a home directory on a cluster): each
+CPU keeps its own build, and a build only ever replaces an older build for the same CPU.
 Without a compiler, or with ASSAY_CPU_KERNEL=0, the PyTorch path runs instead, with the same
 results up to float rounding.
 """
@@ -34,7 +38,14 @@ log = logging.getLogger(__name__)
 _SOURCES = tuple(Path(__file__).with_name(name)
                  for name in ("paged_attention.c", "elementwise.c", "skinny_linear.c", "decode_step.c", "sampling.c"))
 _HEADER = Path(__file__).with_name("kernels.h")
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+# -fno-math-errno: no kernel reads errno, so sqrtf and the like may compile to one instruction; unlike
+# -ffast-math it assumes nothing about infinities or NaNs
+_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC"]
+# glibc's vector expf and logf (libmvec), which -ffast-math would have declared: kernels.h declares them
+_LIBMVEC = platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"
+if _LIBMVEC:
+    _FLAGS.append("-DASSAY_LIBMVEC")
+_LIBS = ["-lmvec", "-lm"] if _LIBMVEC else ["-lm"]
 _P, _I, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {  # name: (argument types, result type)
     "paged_attention_f32": ([_P] * 7 + [_I] * 7 + [_F, _INT], _INT),
@@ -368,22 +379,24 @@ def _library() -> ctypes.CDLL | None:
 
 
 def _build() -> Path:
-    """Compile once per (source, flags, compiler, CPU); a concurrent build is harmless (atomic rename)."""
+    """Compile once per (source, flags, compiler, CPU); a concurrent build is harmless (atomic rename).
+    Builds are named kernels-<cpu>-<build>.so: a new build removes only its own CPU's older ones."""
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         raise OSError("no C compiler (cc) on PATH")
-    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in (*_SOURCES, _HEADER)), " ".join(_FLAGS).encode(), cc.encode(),
-                                     _cpu_signature().encode()])).hexdigest()[:16]
+    cpu = hashlib.sha256(_cpu_signature().encode()).hexdigest()[:12]
+    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in (*_SOURCES, _HEADER)), " ".join(_FLAGS).encode(),
+                                     cc.encode()])).hexdigest()[:16]
     cache = Path(os.environ.get("ASSAY_CACHE_DIR", Path.home() / ".cache" / "assay")) / "kernels"
-    target = cache / f"kernels-{key}.so"
+    target = cache / f"kernels-{cpu}-{key}.so"
     if target.exists():
         return target
     with atomic_path(target) as built:
-        proc = subprocess.run([cc, *_FLAGS, *map(str, _SOURCES), "-o", str(built), "-lm"], capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run([cc, *_FLAGS, *map(str, _SOURCES), "-o", str(built), *_LIBS], capture_output=True,
+                              text=True, timeout=120)
         if proc.returncode != 0:
             raise OSError(f"{cc} failed: {proc.stderr.strip()[:300]}")
-    for stale in [*cache.glob("kernels-*.so"), *cache.glob("paged_attention-*.so")]:  # older sources or flags
+    for stale in cache.glob(f"kernels-{cpu}-*.so"):  # this CPU's builds of older sources or flags
         if stale != target:  # (copies already loaded stay valid)
             stale.unlink(missing_ok=True)
     return target

@@ -7,6 +7,15 @@
 
 #include <stdint.h>
 
+/* The kernels build with IEEE semantics (no -ffast-math: they use infinities as sentinels). Under
+ * -ffast-math glibc declares the vector variants of expf and logf (libmvec) itself; here the build
+ * declares them where it links libmvec (x86-64 glibc), so their loops still vectorize. libmvec keeps
+ * the special values: expf(-inf) is 0, NaN stays NaN. */
+#ifdef ASSAY_LIBMVEC
+__attribute__((__simd__("notinbranch"))) float expf(float);
+__attribute__((__simd__("notinbranch"))) float logf(float);
+#endif
+
 /* Below this many elements a pass runs on the calling thread: a decode step of a few dozen rows takes
  * tens of microseconds a pass, less than waking the other threads costs on a busy machine. Prefill
  * passes split, and so do those of a GRPO step's hundreds of decoding rows (0.2-0.3 ms each alone). */

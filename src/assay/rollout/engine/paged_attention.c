@@ -83,6 +83,7 @@ static inline v8 hsum8x8(const v8 *a)
 static inline float exp_shifted(float *s, int64_t n, float *top)
 {
     float mx = *top, total = 0.0f;
+#pragma omp simd reduction(max : mx)
     for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
 #pragma omp simd reduction(+ : total)
     for (int64_t t = 0; t < n; t++) {
@@ -291,6 +292,7 @@ static inline __attribute__((always_inline)) void many_kernel(const int DIM, con
         float top[L], total[L];
         for (int l = 0; l < L; l++) top[l] = -INFINITY, total[l] = 0.0f;
         for (int64_t u = 0; u < n; u++)
+#pragma omp simd
             for (int l = 0; l < L; l++) top[l] = st[u * L + l] > top[l] ? st[u * L + l] : top[l];
         for (int64_t u = 0; u < n; u++)
 #pragma omp simd

@@ -9,19 +9,10 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "kernels.h"
 
 #define BLOCK 64
-
-/* -ffast-math lets the compiler assume every float finite, so isfinite() may fold to 1: test the bits. */
-static inline int finite_bits(double x)
-{
-    uint64_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    return ((bits >> 52) & 0x7ff) != 0x7ff;
-}
 
 /* 0 on success; -1 out of memory; -2 a row's logits hold a NaN or no finite value. */
 int sample_rows_f32(const float *logits, int64_t N, int64_t V, const float *inv_temp, const double *u,
@@ -42,7 +33,7 @@ int sample_rows_f32(const float *logits, int64_t N, int64_t V, const float *inv_
             const float *x = logits + r * V, t = inv_temp[r];
             float m = -INFINITY;
 #pragma omp simd reduction(max : m)
-            for (int64_t j = 0; j < V; j++) m = fmaxf(m, x[j] * t);
+            for (int64_t j = 0; j < V; j++) m = x[j] * t > m ? x[j] * t : m; /* a NaN is caught in s below */
             double s = 0.0;
             for (int64_t b = 0; b < blocks; b++) {
                 const int64_t end = (b + 1) * BLOCK < V ? (b + 1) * BLOCK : V;
@@ -52,7 +43,8 @@ int sample_rows_f32(const float *logits, int64_t N, int64_t V, const float *inv_
                 sums[b] = part;
                 s += part;
             }
-            if (!finite_bits(s) || s < 1.0) { /* e_j = 1 at the maximum: a NaN or no finite logit */
+            /* isfinite holds: the kernels build with IEEE semantics (no -ffast-math, see cpu_kernel.py) */
+            if (!isfinite(s) || s < 1.0) { /* e_j = 1 at the maximum: a NaN or no finite logit */
 #pragma omp atomic write
                 failed = 2;
                 continue;
