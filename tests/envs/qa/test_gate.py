@@ -26,7 +26,7 @@ from assay.envs.qa.gate import ALPHA, GATE_VERSION, binomial_tail, cpu_contentio
 from assay.envs.qa.store import VersionNotBumped, check_version, diff, latest, previous_version, save
 from assay.envs.qa.strategies import RANDOM_ANSWER_TOLERANCE
 from assay.envs.registry import env_hash, env_parts, env_spec
-from assay.sandbox import isolation_problem
+from assay.sandbox import isolation_problem, open_sandbox
 
 # Tests of other gates size the flake runs down (5 idle and 5 loaded): the flake tests use the default.
 SMALL = QAConfig(tasks_per_level=3, repeats=2, cheat_tasks_per_level=1, noisy_samples=4, flake_rate=0.5)
@@ -247,3 +247,20 @@ def test_calibration_can_measure_a_real_policy(tmp_path):
     # an untrained policy solves nothing, whereas the noisy reference solves most easy tasks
     assert [s["calibration pass rate"] for s in report.levels.values()] == [0.0] * 4
     assert report.levels[1]["noisy"] > 0
+
+
+def test_the_gates_reference_sandbox_has_the_environments_limits(isolated, monkeypatch):
+    """The sandbox the gate searches is opened with the environment's `sandbox_limits`, not defaults."""
+    from assay.envs.qa import gate
+
+    opened = []
+
+    def spy(limits):
+        opened.append(limits)
+        return open_sandbox(limits)
+
+    monkeypatch.setattr(gate, "open_sandbox", spy)
+    env = get_env("codegen", timeout_s=1.5, memory_mb=300)
+    task = env.generate(random.Random(0), 1)
+    gate._searched_reference(env, task, QAConfig(), lambda g, r: None, gate.secrets(env, task))
+    assert opened == [env.sandbox_limits]

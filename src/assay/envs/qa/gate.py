@@ -331,7 +331,7 @@ def _searched_reference(env: Environment, task: Task, cfg: QAConfig, fail: Calla
                         hidden: list[str]) -> Played:
     """The reference, started in a sandbox the gate opens and searched for the secrets after start and
     after every step: what an environment leaves where the policy can read it is shown to the policy."""
-    limits = getattr(env, "limits", None)
+    limits = getattr(env, "sandbox_limits", None)  # the contract's name (assay.envs.base)
     try:
         box = open_sandbox(limits if isinstance(limits, Limits) else Limits())
     except OSError as e:
