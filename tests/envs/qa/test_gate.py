@@ -264,3 +264,43 @@ def test_the_gates_reference_sandbox_has_the_environments_limits(isolated, monke
     task = env.generate(random.Random(0), 1)
     gate._searched_reference(env, task, QAConfig(), lambda g, r: None, gate.secrets(env, task))
     assert opened == [env.sandbox_limits]
+
+
+class _UndeclaredCode(RunsTheWorkspaceTests):
+    """Runs code (declares sandbox_limits) but leaves qa_kind undeclared."""
+
+    name = "broken-undeclared-code"
+    qa_kind = None
+
+
+class _CodeDeclaredAnswer(RunsTheWorkspaceTests):
+    name = "broken-code-declared-answer"
+    qa_kind = "answer"
+
+
+def test_an_environment_that_runs_code_is_checked_as_code_whatever_it_declares(isolated):
+    """An undeclared kind is inferred from what the environment does (and said); a declared kind that
+    contradicts it fails: the code cheaters never silently give way to the answer cheaters."""
+    from assay.envs.qa.strategies import does_kind, kind_of
+
+    tiny = QAConfig(tasks_per_level=1, repeats=1, cheat_tasks_per_level=1, noisy_samples=1, flake_rate=0.5)
+    undeclared = run_gate(_UndeclaredCode(), tiny)
+    assert undeclared.kind == "code" and any("'shadow the tests'" in f.reason for f in undeclared.failures)
+    assert any(w.startswith("declares no qa_kind: checked as 'code' because it declares sandbox_limits")
+               for w in undeclared.warnings), undeclared.warnings
+    lying = run_gate(_CodeDeclaredAnswer(), tiny)
+    assert any(f.gate == "cheaters" and "declares qa_kind 'answer' but it declares sandbox_limits" in f.reason
+               for f in lying.failures), [f.line() for f in lying.failures]
+    assert lying.kind == "code" and any("'sys.exit(0)'" in f.reason for f in lying.failures)
+    plain = get_env("arith")
+    assert kind_of(plain) == "answer" and does_kind(plain)[0] == "answer"
+    assert does_kind(get_env("terminal"))[0] == "terminal"
+
+
+def test_a_reference_that_answers_with_code_makes_an_undeclared_environment_a_code_one():
+    from assay.envs.qa.strategies import does_kind
+
+    env = get_env("codegen")
+    task = env.generate(random.Random(0), 1)
+    del env.sandbox_limits  # only the answer's code block is left to tell
+    assert does_kind(env, task) == ("code", "its reference answers with a code block")

@@ -40,7 +40,9 @@ from assay.envs.qa.strategies import (
     Scripted,
     answer_value,
     cheaters_for,
+    does_kind,
     kind_of,
+    kind_problem,
     noise_for,
     noisy_reference,
     other_reference,
@@ -180,11 +182,18 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
     reference."""
     cfg = cfg or QAConfig()
     spec = env_spec(env)
-    report = GateReport(spec, env_hash(env), env_parts(env), kind_of(env), asdict(cfg))
     tasks = {level: [draw_task(env, random.Random(f"qa/{spec}/{level}/{i}"), level, "train")
                      for i in range(cfg.tasks_per_level)]
              for level in env.difficulties}
-    cheaters = cheaters_for(env)
+    first = tasks[min(tasks)][0]
+    report = GateReport(spec, env_hash(env), env_parts(env), kind_of(env, first), asdict(cfg))
+    problem, note = kind_problem(env, first)  # never checked as a weaker kind than it is, silently
+    if problem:  # and it is checked as what it does
+        report.failures.append(Failure("cheaters", first.difficulty, first.seed, problem))
+        report.kind = does_kind(env, first)[0]
+    if note:
+        report.warnings.append(note)
+    cheaters = cheaters_for(env, report.kind)
     isolated = isolation_problem() is None
     if report.kind != "answer" and not isolated:
         # Cheaters are hostile programs (they write outside their workspace on purpose): without
