@@ -304,3 +304,26 @@ def test_a_reference_that_answers_with_code_makes_an_undeclared_environment_a_co
     task = env.generate(random.Random(0), 1)
     del env.sandbox_limits  # only the answer's code block is left to tell
     assert does_kind(env, task) == ("code", "its reference answers with a code block")
+
+
+def test_every_chance_test_has_its_stated_power_at_small_task_counts():
+    """At 2 tasks a level another task's answer had 2 tries a level, and could never fail (5 are needed at
+    ALPHA); the gate raises the count itself, says so, and then catches a verifier that accepts half of
+    all answers."""
+    from assay.envs.qa.gate import chance_tries
+
+    assert chance_tries(RANDOM_ANSWER_TOLERANCE, 0.75, 0.95) == 17 and chance_tries(0.0, 0.75, 0.95) == 3
+    report = run_gate(AcceptsAnyNumberOfTheRightParity(), TINY)
+    assert any(w.startswith("tasks per level raised from 2 to 5") for w in report.warnings), report.warnings
+    assert report.power["tasks per level"] == 5 and all(s["random answer tries"] >= 17 for s in report.levels.values())
+    assert any(f.gate == "null" and "another task's answer passed" in f.reason for f in report.failures)
+
+
+def test_terminal_environments_try_other_tasks_answers_too(isolated):
+    env = get_env("terminal", timeout_s=2.0)
+    env.difficulties = (1,)
+    report = run_gate(env, QAConfig(tasks_per_level=4, repeats=1, cheat_tasks_per_level=1, noisy_samples=1,
+                                    flake_rate=0.5))
+    assert report.levels[1]["random answer tries"] >= 17 and report.cheaters
+    assert all(c["tried"] >= 3 for c in report.cheaters.values())  # each cheater: 3 tries see a 75% winner
+    assert not report.failures, [f.line() for f in report.failures]

@@ -98,14 +98,15 @@ def other_reference(env: Environment, other: Task) -> Replay:
 RANDOM_ANSWER_TOLERANCE = 0.2
 
 
-def noisy_reference(env: Environment, task: Task, noise: float, rng: random.Random) -> Replay:
+def noisy_reference(env: Environment, task: Task, noise: float, rng: random.Random, u: float | None = None) -> Replay:
     """The reference played by a policy that errs at each character it writes with probability
     `noise`, and whose first error breaks the result (every turn comes out garbled): it
     succeeds with probability (1 - noise) ** (characters in the reference), so a task whose
     solution takes more work is harder for it. A proxy for difficulty that needs no model;
-    `assay env check --policy` measures a real one."""
+    `assay env check --policy` measures a real one. `u` (default: drawn from `rng`) is the uniform
+    number that decides success: the gate passes the same evenly spaced ones to every task."""
     turns = [m for m in env.reference_solution(task) if m.role == "assistant"]
-    if rng.random() >= (1 - noise) ** reference_work(turns):
+    if (rng.random() if u is None else u) >= (1 - noise) ** reference_work(turns):
         def garble(text: str) -> str:
             return "".join(rng.choice("0123456789abcdefxyz +-*()") if rng.random() < 0.5 else c for c in text)
 
