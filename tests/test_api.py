@@ -97,6 +97,7 @@ def test_objects_stand_in_for_names_an_unregistered_env_a_policy_and_a_backend(t
     import json
     import random
 
+    import pyarrow.parquet as pq
     import pytest
     import torch
 
@@ -104,7 +105,9 @@ def test_objects_stand_in_for_names_an_unregistered_env_a_policy_and_a_backend(t
     from assay.core.config import ModelConfig
     from assay.core.errors import ConfigError
     from assay.core.modeling import build_model
+    from assay.core.storage import trajectory_shards
     from assay.core.tokenizer import train_tokenizer
+    from assay.envs.qa.enforce import UncheckedEnvironment
     from assay.rollout.hf import HFBackend
 
     class Echo:  # never registered: reachable only as the object given for its domain
@@ -147,9 +150,18 @@ def test_objects_stand_in_for_names_an_unregistered_env_a_policy_and_a_backend(t
     config = {"name": "objects", "run_dir": str(tmp_path), "threads": 1,
               "domains": [{"name": "echo", "env": "not-in-the-registry", "group_size": 2, "max_new_tokens": 4}],
               "train": {"steps": 2, "groups_per_step": 2}}
+    with pytest.raises(UncheckedEnvironment, match=r"echo-unregistered@1 .*no passing record of QA gate v\d+: "
+                                                   r"check it with `assay env check echo-unregistered@1`"):
+        assay.run_training({**config, "name": "refused"}, envs={"echo": Echo()}, policy=(model, tok))
+    assert Echo.drawn == 0 and made == []  # refused before anything ran
+    config["allow_unchecked"] = ["echo-unregistered"]  # never checked: the run says so, everywhere
     run_dir = assay.run_training(config, envs={"echo": Echo()}, policy=(model, tok), backend=backend)
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if x["kind"] == "train"] == [1, 2]
+    assert any("echo-unregistered@1" in x.get("qa_unchecked", "") for x in lines if x["kind"] == "warning")
+    assert "- echo-unregistered" in (run_dir / "config.yaml").read_text()
+    rows = [r for s in trajectory_shards(run_dir / "trajectories") for r in pq.read_table(s).to_pylist()]
+    assert rows and all(json.loads(r["reward_info"])["qa_unchecked"].startswith("echo-unregistered@1 ") for r in rows)
     assert Echo.drawn >= 4 and made == [model]  # the given policy's own tensors, under the given backend
     with pytest.raises(ConfigError, match="no domain for"):
         assay.run_training({**config, "name": "objects2"}, envs={"other": Echo()}, policy=(model, tok))

@@ -50,6 +50,9 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
           resume: Annotated[Path | None, typer.Option(help="resume runs/NAME from its last checkpoint")] = None,
           supervise: Annotated[int, typer.Option(help="restart a training process that dies, from its last "
                                                       "checkpoint, at most this many times (0: off)")] = 0,
+          allow_unchecked: Annotated[list[str] | None, typer.Option(
+              help="train this environment (NAME, NAME@VERSION or domain) without a passing QA record; recorded "
+                   "in the run's config and on its trajectories; repeat for several")] = None,
           quiet: bool = False) -> None:
     """RL-train a policy on the config's domains."""
     from assay.core.config import load_config
@@ -59,6 +62,7 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
     if config is not None and "=" in str(config) and not config.exists():  # an override, not a file
         overrides.insert(0, str(config))
         config = None
+    allow = list(allow_unchecked or [])
     if supervise < 0:
         raise AssayError(f"--supervise takes the number of restarts allowed (0: off), got {supervise}")
     if supervise:
@@ -73,7 +77,7 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
             cfg = load_config(config, overrides)  # bad input is reported here, before any child starts
             run_dir = Path(cfg.run_dir) / cfg.name
         first = [*([str(config)] if config else []), *overrides, *(["--resume", str(resume)] if resume else []),
-                 *(["--quiet"] if quiet else [])]
+                 *(["--quiet"] if quiet else []), *(a for name in allow for a in ("--allow-unchecked", name))]
         code = run_supervised(first, run_dir, supervise, ["--unsafe-no-sandbox"] if unsafe_allowed() else [],
                               log=console.print)
         raise typer.Exit(code)
@@ -88,6 +92,8 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
     else:
         cfg = load_config(config, overrides)
         run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
+    # added to the config's own list: the run's config.yaml then keeps every override
+    cfg.allow_unchecked = list(dict.fromkeys([*cfg.allow_unchecked, *allow]))
     pipeline = make_pipeline(cfg, run_dir, resume=resume is not None)
     with RunView("train", cfg.train.steps, quiet=quiet, console=console) as view:
         view.advance(pipeline.start_step)
@@ -136,7 +142,10 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
           price_completion: Annotated[float, typer.Option(help="cost per million completion tokens")] = 0.0,
           html: Annotated[bool, typer.Option(help="also write report.html beside each record")] = False,
           repeats: Annotated[int, typer.Option(help="evaluate the same tasks this many times with sampling seeds "
-                                               "seed, seed+1, …: run-to-run variance")] = 1) -> None:
+                                               "seed, seed+1, …: run-to-run variance")] = 1,
+          allow_unchecked: Annotated[list[str] | None, typer.Option(
+              help="evaluate this environment (NAME or NAME@VERSION) without a passing QA record; recorded in the "
+                   "record and on its trajectories")] = None) -> None:
     """pass@k, pass^k and the rest on the evaluation partition, or on a pinned suite; writes a record."""
     import time
 
@@ -186,6 +195,10 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
                      "max_turns": max_turns}
         policies = [target, *(policy or []), *remote]
     settings["temperature"] = temperature
+    from assay.envs.qa.enforce import require_checked
+
+    args = {d: c.env_args for d, c in domains.items()} if domains else {}
+    settings["qa_unchecked"] = require_checked(envs, allow_unchecked or (), env_args=args)
     records = []
     for i, p in enumerate(policies):
         where = out / f"{i}_{p.name if isinstance(p, Path) else 'endpoint'}" if len(policies) > 1 else out
@@ -215,6 +228,7 @@ def _eval_policy(policy: Path | Endpoint, envs: dict[str, Environment], domains:
     """Evaluate one policy (a checkpoint or an endpoint) on the given tasks, print its tables, write its record."""
     from assay.agent.groups import collect
     from assay.core.modeling import apply_threads, load_model
+    from assay.envs.qa.enforce import mark_unchecked
     from assay.eval.endpoint import Endpoint, run_endpoint_episodes
     from assay.eval.evaluate import summarize_domains
     from assay.eval.record import policy_identity, write_record
@@ -232,6 +246,7 @@ def _eval_policy(policy: Path | Endpoint, envs: dict[str, Environment], domains:
         apply_threads(0, model)
         trajs = collect(make_backend(rollout, model, tokenizer), tokenizer, envs, domains, tasks, samples=n,
                         temperature=temperature, seed=seed)
+    mark_unchecked(trajs, settings.get("qa_unchecked", {}))
     ks = sorted({1, *(k for k in (2, 4, 8, 16) if k <= n)})
     results = summarize_domains(tasks, trajs, ks, overall=len(domains) > 1)
     overlap = check_overlap(run, [t.task_id for t in tasks], trained) if run is not None else None
@@ -377,7 +392,9 @@ def env_show(spec: Annotated[str, typer.Argument(help="NAME or NAME@VERSION")],
         small = f"; too small to split usefully (~{est.eval_size:.0f} evaluation tasks)" if est.too_small else ""
         console.print(f"    level {level}: {size} tasks, {est.eval_distinct} of the {est.distinct} drawn in the "
                       f"evaluation partition{small}")
-    rec = latest(Path(store), env_spec(env))
+    from assay.envs.qa.enforce import record_stores
+
+    rec = next((r for r in (latest(s, env_spec(env)) for s in record_stores([store])) if r is not None), None)
     if rec is None:
         console.print("  QA: never checked (run assay env check)")
     else:

@@ -306,6 +306,9 @@ class Config(_Strict):
     train: TrainConfig = TrainConfig()
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()
+    # environments (name, NAME@VERSION or domain) that may train and be evaluated without a passing QA
+    # record; kept in the run's config and stamped on their trajectories (reward_info["qa_unchecked"])
+    allow_unchecked: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique_domains(self) -> Config:

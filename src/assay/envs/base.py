@@ -13,8 +13,9 @@ Optional (found with getattr; each has the default named):
   episode's sandbox (the answer, hidden tests); the QA gate searches for them (default: the
   reference solution's final answer).
 - `Environment.qa_kind: "answer" | "code" | "terminal"` — which cheating strategies the QA gate
-  plays (default: "terminal" with a `bash` tool, else "answer"; an environment grading code
-  declares "code").
+  plays. Undeclared, the gate infers it from what the environment does ("terminal" with a `bash`
+  tool, "code" with `sandbox_limits` or a code block in the reference's answer, else "answer") and
+  warns; a declared kind that contradicts a code or terminal behaviour fails the gate.
 - `Environment.sandbox_limits: Limits` — the sandbox each episode needs. Declared, the framework hands
   every episode a warm sandbox from a pool through `start(task, sandbox)` (taken on first use, given
   back restored when the episode closes), so the environment opens none of its own; undeclared (or

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -132,10 +133,19 @@ def summarize(domain: str, trajs: Sequence[Trajectory], ks: Sequence[int]) -> Do
 
 def evaluate_tasks(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment],
                    domains: dict[str, DomainConfig], tasks: Sequence[Task], n: int, seed: int, temperature: float = 1.0,
-                   ks: Sequence[int] = (1, 4, 8), overall: bool = False) -> dict[str, DomainEval]:
+                   ks: Sequence[int] = (1, 4, 8), overall: bool = False, *, allow_unchecked: Collection[str] = (),
+                   stores: Sequence[Path] | None = None) -> dict[str, DomainEval]:
     """n samples of every task (task.domain names its entry in `envs` and `domains`), summarized per
-    domain and, with `overall`, over all of them as "overall"."""
+    domain and, with `overall`, over all of them as "overall". Refuses an environment without a passing
+    QA record (in `stores`, default `record_stores()`) that `allow_unchecked` does not name; the
+    trajectories of one it names carry reward_info["qa_unchecked"]."""
+    from assay.envs.qa.enforce import mark_unchecked, require_checked
+
+    used = {t.domain for t in tasks}
+    unchecked = require_checked({d: e for d, e in envs.items() if d in used}, allow_unchecked, stores,
+                                {d: c.env_args for d, c in domains.items()})
     trajs = collect(backend, tokenizer, envs, domains, tasks, samples=n, temperature=temperature, seed=seed)
+    mark_unchecked(trajs, unchecked)
     return summarize_domains(tasks, trajs, ks, overall)
 
 
@@ -152,8 +162,11 @@ def summarize_domains(tasks: Sequence[Task], trajs: Sequence[Trajectory], ks: Se
 
 def evaluate(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment], domains: dict[str, DomainConfig],
              tasks_per_domain: int, n: int, seed: int, temperature: float = 1.0,
-             ks: Sequence[int] = (1, 4, 8), overall: bool = False) -> dict[str, DomainEval]:
-    """Each domain's evaluation-partition suite (`eval_tasks`)."""
+             ks: Sequence[int] = (1, 4, 8), overall: bool = False, *, allow_unchecked: Collection[str] = (),
+             stores: Sequence[Path] | None = None) -> dict[str, DomainEval]:
+    """Each domain's evaluation-partition suite (`eval_tasks`); refused, as `evaluate_tasks` says, for an
+    environment with no passing QA record that `allow_unchecked` does not name."""
     tasks = [t for name, dom in domains.items()
              for t in eval_tasks(envs[name], name, tasks_per_domain, seed, dom.difficulty.levels(envs[name].difficulties))]
-    return evaluate_tasks(backend, tokenizer, envs, domains, tasks, n, seed, temperature, ks, overall)
+    return evaluate_tasks(backend, tokenizer, envs, domains, tasks, n, seed, temperature, ks, overall,
+                          allow_unchecked=allow_unchecked, stores=stores)

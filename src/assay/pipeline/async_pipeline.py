@@ -27,6 +27,7 @@ from assay.core.errors import ConfigError
 from assay.core.storage import TrajectoryWriter, prepare_run_dir, trajectory_from_plain, trajectory_plain
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
+from assay.envs.qa.enforce import mark_unchecked
 from assay.pipeline.policy import Given
 from assay.pipeline.ray_workers import RayRollout
 from assay.pipeline.sync import SyncPipeline
@@ -192,6 +193,7 @@ class AsyncPipeline(SyncPipeline):
             rollout.start()
             for step in range(self.start_step + 1, cfg.train.steps + 1):
                 version, everything, kept, dropped, rollout_stats = self._take(step)
+                mark_unchecked(everything, self.unchecked)
                 writer.write(everything, step)
                 # every draw before the mixer sees this step: up to step + k's, or all (refills included)
                 self._wait(lambda s=step: self._sampled >= min(s + k, cfg.train.steps + 1), self._failed)

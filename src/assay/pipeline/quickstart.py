@@ -18,6 +18,7 @@ from assay.core.config import Config, build_config, load_config
 from assay.core.errors import ConfigError
 from assay.core.modeling import load_model
 from assay.core.storage import atomic_write, prepare_run_dir, read_metrics, trajectory_shards
+from assay.envs.qa.enforce import record_stores
 from assay.eval.evaluate import DomainEval, evaluate, paired
 from assay.eval.passk import paired_difference_ci
 from assay.pipeline.async_pipeline import make_pipeline
@@ -53,6 +54,7 @@ def evaluate_policy(cfg: Config, policy_dir: Path, tasks_per_domain: int | None 
     `options` go to `evaluate` (ks, overall)."""
     model, tokenizer = load_model(policy_dir, cfg.model)
     backend = make_backend(cfg.rollout, model, tokenizer)
+    options = {"allow_unchecked": cfg.allow_unchecked, "stores": record_stores([cfg.eval.qa_store]), **options}
     try:
         return evaluate(backend, tokenizer, domain_envs(cfg), {d.name: d for d in cfg.domains},
                         tasks_per_domain or cfg.eval.tasks_per_domain, n or cfg.eval.n, cfg.eval.seed,

@@ -15,6 +15,7 @@ from assay.core.config import Config, dump_config
 from assay.core.modeling import apply_threads, load_model, place, save_model, use_template
 from assay.core.storage import MetricsLogger, TrajectoryWriter, atomic_write
 from assay.core.types import Task, Trajectory
+from assay.envs.qa.enforce import mark_unchecked, record_stores, require_checked
 from assay.envs.registry import env_spec
 from assay.envs.rewards import check_rewards
 from assay.eval.evaluate import evaluate
@@ -39,6 +40,9 @@ class SyncPipeline:
         given.check(cfg)
         self.envs = domain_envs(cfg, given.envs)
         self.domains = {d.name: d for d in cfg.domains}
+        # before any model is built: an environment with no passing QA record trains only if allowed
+        self.unchecked = require_checked(self.envs, cfg.allow_unchecked, record_stores([cfg.eval.qa_store]),
+                                         {d.name: d.env_args for d in cfg.domains})
         check_rewards(cfg.domains)
         self.start_step = 0
         self.resumed: dict[str, Any] | None = None  # the checkpoint's trainer.pt, when resuming
@@ -139,6 +143,7 @@ class SyncPipeline:
                 t0, c0 = time.time(), time.perf_counter()
                 everything, kept, dropped = self.collect_batch(step)
                 t1, c1 = time.time(), time.perf_counter()
+                mark_unchecked(everything, self.unchecked)
                 writer.write(everything, step)
                 stats = self.mixer.update(everything)
                 train_metrics = self.train_step(kept, step - 1)
@@ -188,6 +193,9 @@ class SyncPipeline:
         """The run's metrics log; every attempt after the first (a resume, a restart) first marks the
         step it starts from, so that readers drop the earlier records of the steps it runs again."""
         metrics = MetricsLogger(self.run_dir)
+        for domain, env in self.unchecked.items():  # in the run's log as well as its config and trajectories
+            metrics.log(self.start_step, {"qa_unchecked": f"domain {domain}: {env} runs without a passing QA "
+                                                          "record (allow_unchecked)"}, kind="warning")
         if attempt:
             metrics.log(self.start_step, {"attempt": attempt, "resumed_from": self.start_step}, kind="resume")
         return metrics
@@ -215,7 +223,8 @@ class SyncPipeline:
         if not cfg.eval.every or step % cfg.eval.every:
             return
         results = evaluate(self.eval_backend(), self.tokenizer, self.envs, self.domains, cfg.eval.tasks_per_domain,
-                           cfg.eval.n, cfg.eval.seed, cfg.eval.temperature, ks=(1,))
+                           cfg.eval.n, cfg.eval.seed, cfg.eval.temperature, ks=(1,),
+                           allow_unchecked=cfg.allow_unchecked, stores=record_stores([cfg.eval.qa_store]))
         held = {name: (r.pass_at[1].value, r.pass_at[1].se) for name, r in results.items() if 1 in r.pass_at}
         metrics.log(step, {f"heldout/{name}/pass@1": v for name, (v, _) in held.items()}, kind="eval")
         for warning in self.watch.evaluated(held):

@@ -26,7 +26,7 @@ from assay.envs.qa.gate import ALPHA, GATE_VERSION, binomial_tail, cpu_contentio
 from assay.envs.qa.store import VersionNotBumped, check_version, diff, latest, previous_version, save
 from assay.envs.qa.strategies import RANDOM_ANSWER_TOLERANCE
 from assay.envs.registry import env_hash, env_parts, env_spec
-from assay.sandbox import isolation_problem
+from assay.sandbox import isolation_problem, open_sandbox
 
 # Tests of other gates size the flake runs down (5 idle and 5 loaded): the flake tests use the default.
 SMALL = QAConfig(tasks_per_level=3, repeats=2, cheat_tasks_per_level=1, noisy_samples=4, flake_rate=0.5)
@@ -247,3 +247,83 @@ def test_calibration_can_measure_a_real_policy(tmp_path):
     # an untrained policy solves nothing, whereas the noisy reference solves most easy tasks
     assert [s["calibration pass rate"] for s in report.levels.values()] == [0.0] * 4
     assert report.levels[1]["noisy"] > 0
+
+
+def test_the_gates_reference_sandbox_has_the_environments_limits(isolated, monkeypatch):
+    """The sandbox the gate searches is opened with the environment's `sandbox_limits`, not defaults."""
+    from assay.envs.qa import gate
+
+    opened = []
+
+    def spy(limits):
+        opened.append(limits)
+        return open_sandbox(limits)
+
+    monkeypatch.setattr(gate, "open_sandbox", spy)
+    env = get_env("codegen", timeout_s=1.5, memory_mb=300)
+    task = env.generate(random.Random(0), 1)
+    gate._searched_reference(env, task, QAConfig(), lambda g, r: None, gate.secrets(env, task))
+    assert opened == [env.sandbox_limits]
+
+
+class _UndeclaredCode(RunsTheWorkspaceTests):
+    """Runs code (declares sandbox_limits) but leaves qa_kind undeclared."""
+
+    name = "broken-undeclared-code"
+    qa_kind = None
+
+
+class _CodeDeclaredAnswer(RunsTheWorkspaceTests):
+    name = "broken-code-declared-answer"
+    qa_kind = "answer"
+
+
+def test_an_environment_that_runs_code_is_checked_as_code_whatever_it_declares(isolated):
+    """An undeclared kind is inferred from what the environment does (and said); a declared kind that
+    contradicts it fails: the code cheaters never silently give way to the answer cheaters."""
+    from assay.envs.qa.strategies import does_kind, kind_of
+
+    tiny = QAConfig(tasks_per_level=1, repeats=1, cheat_tasks_per_level=1, noisy_samples=1, flake_rate=0.5)
+    undeclared = run_gate(_UndeclaredCode(), tiny)
+    assert undeclared.kind == "code" and any("'shadow the tests'" in f.reason for f in undeclared.failures)
+    assert any(w.startswith("declares no qa_kind: checked as 'code' because it declares sandbox_limits")
+               for w in undeclared.warnings), undeclared.warnings
+    lying = run_gate(_CodeDeclaredAnswer(), tiny)
+    assert any(f.gate == "cheaters" and "declares qa_kind 'answer' but it declares sandbox_limits" in f.reason
+               for f in lying.failures), [f.line() for f in lying.failures]
+    assert lying.kind == "code" and any("'sys.exit(0)'" in f.reason for f in lying.failures)
+    plain = get_env("arith")
+    assert kind_of(plain) == "answer" and does_kind(plain)[0] == "answer"
+    assert does_kind(get_env("terminal"))[0] == "terminal"
+
+
+def test_a_reference_that_answers_with_code_makes_an_undeclared_environment_a_code_one():
+    from assay.envs.qa.strategies import does_kind
+
+    env = get_env("codegen")
+    task = env.generate(random.Random(0), 1)
+    del env.sandbox_limits  # only the answer's code block is left to tell
+    assert does_kind(env, task) == ("code", "its reference answers with a code block")
+
+
+def test_every_chance_test_has_its_stated_power_at_small_task_counts():
+    """At 2 tasks a level another task's answer had 2 tries a level, and could never fail (5 are needed at
+    ALPHA); the gate raises the count itself, says so, and then catches a verifier that accepts half of
+    all answers."""
+    from assay.envs.qa.gate import chance_tries
+
+    assert chance_tries(RANDOM_ANSWER_TOLERANCE, 0.75, 0.95) == 17 and chance_tries(0.0, 0.75, 0.95) == 3
+    report = run_gate(AcceptsAnyNumberOfTheRightParity(), TINY)
+    assert any(w.startswith("tasks per level raised from 2 to 5") for w in report.warnings), report.warnings
+    assert report.power["tasks per level"] == 5 and all(s["random answer tries"] >= 17 for s in report.levels.values())
+    assert any(f.gate == "null" and "another task's answer passed" in f.reason for f in report.failures)
+
+
+def test_terminal_environments_try_other_tasks_answers_too(isolated):
+    env = get_env("terminal", timeout_s=2.0)
+    env.difficulties = (1,)
+    report = run_gate(env, QAConfig(tasks_per_level=4, repeats=1, cheat_tasks_per_level=1, noisy_samples=1,
+                                    flake_rate=0.5))
+    assert report.levels[1]["random answer tries"] >= 17 and report.cheaters
+    assert all(c["tried"] >= 3 for c in report.cheaters.values())  # each cheater: 3 tries see a 75% winner
+    assert not report.failures, [f.line() for f in report.failures]

@@ -40,7 +40,9 @@ from assay.envs.qa.strategies import (
     Scripted,
     answer_value,
     cheaters_for,
+    does_kind,
     kind_of,
+    kind_problem,
     noise_for,
     noisy_reference,
     other_reference,
@@ -57,7 +59,9 @@ GATES = ("reference", "null", "cheaters", "determinism", "no leak", "calibration
 # 3: another task's answer is a binomial test against its chance tolerance, as the cheaters are (a share
 #    threshold failed a correct verifier on one coincidence in three tasks); answer-kind environments
 #    try every other task's answer of the level, which costs no sandbox, for the power that test needs.
-GATE_VERSION = 3
+# 4: the kind follows what an environment does; every chance test sized for its stated power (tasks
+#    raised where too few), terminal environments included; new cheater classes (see strategies).
+GATE_VERSION = 4
 # Significance of the chance tests (a cheater's pass rate against its tolerance, the bare answer value
 # against another task's): a built-in environment runs about ten of them per check, so a correct
 # environment fails one by chance about once in a hundred checks.
@@ -88,6 +92,10 @@ class QAConfig:
     noisy_samples: int = 8  # noisy-reference plays per task (calibration)
     max_turns: int = 8
     calibration_margin: float = 0.1  # allowed rise of the pass rate from one level to the next, beyond noise
+    # every chance test (a cheater, another task's answer) gets the tries to catch a strategy that wins
+    # `loophole_rate` of them with probability `loophole_power`; too few tasks are raised, and said
+    loophole_rate: float = 0.75
+    loophole_power: float = 0.95
     flake_rate: float = 0.05  # the smallest rate of failing reference runs the gate is sized to see ...
     flake_power: float = 0.95  # ... with this probability, idle and again under load
 
@@ -110,6 +118,7 @@ class GateReport:
     cheaters: dict[str, dict[str, Any]] = field(default_factory=dict)
     flakiness: dict[str, Any] = field(default_factory=dict)
     leaks: dict[str, Any] = field(default_factory=dict)  # the bare answer value test (answer kinds)
+    power: dict[str, Any] = field(default_factory=dict)  # how the chance tests were sized (`_sized`)
     failures: list[Failure] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # gates that could not run here, and why
     warnings: list[str] = field(default_factory=list)  # what passed but checked less than it should
@@ -180,11 +189,21 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
     reference."""
     cfg = cfg or QAConfig()
     spec = env_spec(env)
-    report = GateReport(spec, env_hash(env), env_parts(env), kind_of(env), asdict(cfg))
-    tasks = {level: [draw_task(env, random.Random(f"qa/{spec}/{level}/{i}"), level, "train")
-                     for i in range(cfg.tasks_per_level)]
-             for level in env.difficulties}
-    cheaters = cheaters_for(env)
+
+    def draw(level: int, i: int) -> Task:
+        return draw_task(env, random.Random(f"qa/{spec}/{level}/{i}"), level, "train")
+
+    first = draw(min(env.difficulties), 0)
+    report = GateReport(spec, env_hash(env), env_parts(env), kind_of(env, first), asdict(cfg))
+    problem, note = kind_problem(env, first)  # never checked as a weaker kind than it is, silently
+    if problem:  # and it is checked as what it does
+        report.failures.append(Failure("cheaters", first.difficulty, first.seed, problem))
+        report.kind = does_kind(env, first)[0]
+    if note:
+        report.warnings.append(note)
+    cheaters = cheaters_for(env, report.kind)
+    per_level, cheat_tasks_per_level = _sized(report, cfg, cheaters, len(env.difficulties))
+    tasks = {level: [draw(level, i) for i in range(per_level)] for level in env.difficulties}
     isolated = isolation_problem() is None
     if report.kind != "answer" and not isolated:
         # Cheaters are hostile programs (they write outside their workspace on purpose): without
@@ -192,14 +211,14 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
         report.skipped.append(f"cheaters: this host cannot isolate code ({isolation_problem()})")
         report.skipped.append("no leak: the workspace the policy reads cannot be searched without a sandbox")
         cheaters = []
+    elif report.kind != "answer" and cheat_tasks_per_level == 0:
+        report.skipped.append("cheaters: cheat_tasks_per_level is 0")
     if report.kind == "terminal" and not callable(getattr(env, "secrets", None)):
         report.warnings.append("declares no secrets(task): the leak checks then look only for the reference's "
                                "final answer lines, which in a terminal task are almost nothing; return the hidden "
                                "tests and expected values from secrets(task)")
     noise = cfg.noise if cfg.noise is not None else noise_for(env, tasks[min(tasks)])
     report.config["noise"] = noise
-    # A terminal reference is a program over the workspace: another task's may solve this one.
-    gate_random = report.kind != "terminal"
     cheat_counts = {c.name: CheatTally() for c in cheaters}
     noisy: dict[int, list[float]] = {}  # per task: the noisy reference's pass rate
     random_answers: dict[int, CheatTally] = {}  # per level: another task's answer, passed of tried
@@ -212,20 +231,26 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
         random_answers[level] = CheatTally()
         # An answer-kind cheater costs no sandbox: it is tried on every task, and every other task's
         # answer on each task, for a sharper chance test.
-        cheat_tasks = len(level_tasks) if report.kind == "answer" else cfg.cheat_tasks_per_level
+        cheat_tasks = len(level_tasks) if report.kind == "answer" else cheat_tasks_per_level
         for i, task in enumerate(level_tasks):
             fail = _failer(report, level, task)
             hidden = secrets(env, task)
             any_secret = any_secret or bool(hidden)
             others = [t for t in level_tasks[i + 1:] + level_tasks[:i] if t.task_id != task.task_id]
-            others = others if report.kind == "answer" else others[:1]
-            noisy[level].append(_check_task(env, task, others if gate_random else [], cfg, noise, stats, fail,
+            # answer kinds: every other task's answer (no sandbox); else as many as the chance test needs
+            others = others if report.kind == "answer" else others[:report.power["others per task"]]
+            noisy[level].append(_check_task(env, task, others, cfg, noise, stats, fail,
                                             hidden, isolated, idle, random_answers[level]))
             if i < cheat_tasks:
                 _try_cheaters(env, task, cheaters, cheat_counts, cfg, fail, hidden)
         report.levels[level] = {k: v / len(level_tasks) for k, v in stats.items()}
         tally = random_answers[level]
         report.levels[level]["random well-formed"] = tally.passed / tally.tried if tally.tried else 0.0
+        report.levels[level]["random answer tries"] = tally.tried
+        if tally.tried < report.power["random answer tries"]:  # too few distinct tasks at this level
+            report.warnings.append(f"another task's answer: {tally.tried} tries at level {level}, fewer than the "
+                                   f"{report.power['random answer tries']} its stated power needs (the level has few "
+                                   "distinct tasks)")
     if not any_secret:
         report.warnings.append("no task has a secret to look for: the leak checks check nothing")
     if report.kind == "answer":
@@ -273,7 +298,11 @@ def _check_task(env: Environment, task: Task, others: list[Task], cfg: QAConfig,
             _replay_same(env, task, probe, got, cfg, fail)
     wins = 0.0
     for k in range(cfg.noisy_samples):
-        probe = noisy_reference(env, task, noise, random.Random(f"{task.seed}/{k}"))
+        # the k-th sample succeeds below the same evenly spaced number on every task (common, stratified
+        # numbers): a task needing more work fails on a superset of the samples a task needing less
+        # fails on, so the level means order as the work does, not as sampling noise does (independent
+        # draws, 8 tasks x 8 samples, failed codegen@5 on noise alone: 0.50 at level 1, 0.78 at 2)
+        probe = noisy_reference(env, task, noise, random.Random(f"{task.seed}/{k}"), (k + 0.5) / cfg.noisy_samples)
         got = play(env, task, probe, cfg.max_turns)
         wins += got.reward.passed
         if k == 0:
@@ -331,7 +360,7 @@ def _searched_reference(env: Environment, task: Task, cfg: QAConfig, fail: Calla
                         hidden: list[str]) -> Played:
     """The reference, started in a sandbox the gate opens and searched for the secrets after start and
     after every step: what an environment leaves where the policy can read it is shown to the policy."""
-    limits = getattr(env, "limits", None)
+    limits = getattr(env, "sandbox_limits", None)  # the contract's name (assay.envs.base)
     try:
         box = open_sandbox(limits if isinstance(limits, Limits) else Limits())
     except OSError as e:
@@ -467,6 +496,44 @@ def _flakiness(report: GateReport, env: Environment, tasks: dict[int, list[Task]
             report.failures.append(Failure(gate, runs.first.difficulty, runs.first.seed, (
                 f"the reference failed {runs.failed + runs.infra} of {runs.runs} runs {where} ({sized}); "
                 f"first: {runs.first.reason}")))
+
+
+def chance_tries(tolerance: float, rate: float, power: float) -> int:
+    """Tries at which a strategy winning `rate` of them fails its chance test (tolerance 0: any win;
+    else a one-sided binomial test against `tolerance` at ALPHA) with probability `power`."""
+    if tolerance <= 0:
+        return math.ceil(math.log(1 - power) / math.log(1 - rate)) if rate < 1 else 1
+    for n in range(1, 10_000):
+        k = next(k for k in range(n + 2) if k > n or binomial_tail(k, n, tolerance) < ALPHA)
+        if k <= n and binomial_tail(k, n, rate) >= power:
+            return n
+    raise ValueError(f"no number of tries separates a rate of {rate} from a tolerance of {tolerance}")
+
+
+def _sized(report: GateReport, cfg: QAConfig, cheaters: list[Scripted], levels: int) -> tuple[int, int]:
+    """(tasks per level, cheater tasks per level) that give every chance test the tries its stated power
+    needs, raised from the configured ones where those are too few (said in `report.warnings`); fills
+    `report.power`."""
+    need_random = chance_tries(RANDOM_ANSWER_TOLERANCE, cfg.loophole_rate, cfg.loophole_power)
+    tasks = max(cfg.tasks_per_level, 1)
+    while tasks * (tasks - 1) < need_random:  # at most every other task's answer on each task of a level
+        tasks += 1
+    need_cheat = max((chance_tries(c.tolerance, cfg.loophole_rate, cfg.loophole_power) for c in cheaters), default=0)
+    cheat_tasks = cfg.cheat_tasks_per_level
+    if report.kind == "answer":  # every cheater tries every task
+        tasks = max(tasks, math.ceil(need_cheat / levels))
+    elif cheat_tasks:  # 0: cheaters off (said as skipped)
+        cheat_tasks = max(cheat_tasks, math.ceil(need_cheat / levels))
+        tasks = max(tasks, cheat_tasks)
+    report.power = {"loophole rate": cfg.loophole_rate, "power": cfg.loophole_power, "alpha": ALPHA,
+                    "random answer tries": need_random, "others per task": min(tasks - 1, math.ceil(need_random / tasks)),
+                    "cheater tries": need_cheat, "tasks per level": tasks}
+    if tasks > cfg.tasks_per_level:
+        report.warnings.append(f"tasks per level raised from {cfg.tasks_per_level} to {tasks}: the chance tests need "
+                               f"{need_random} tries of another task's answer a level and {need_cheat} of each "
+                               f"cheater to catch one winning {cfg.loophole_rate:.0%} of tries with probability "
+                               f"{cfg.loophole_power}")
+    return tasks, cheat_tasks
 
 
 def binomial_tail(k: int, n: int, p: float) -> float:

@@ -32,6 +32,11 @@ def print_report(console: Console, report: GateReport, changes: list[str]) -> No
         console.print(f"  flakiness: {f['runs needed']} runs see a {f['rate']:.0%} flake rate with probability "
                       f"{f['power']}; failed {f['idle failed']} of {f['idle runs']} idle, {f['loaded failed']} of "
                       f"{f['loaded runs']} with {f['busy cpus']} CPUs kept busy")
+    if report.power:
+        p = report.power
+        console.print(f"  power: each chance test catches a strategy winning {p['loophole rate']:.0%} of its tries with "
+                      f"probability {p['power']} ({p['random answer tries']} tries of another task's answer a level, "
+                      f"{p['cheater tries']} of each cheater; {p['tasks per level']} tasks a level)")
     if report.leaks:
         console.print(f"  bare answer value in the prompt: {report.leaks['answer in prompt']:.0%} of tasks, another "
                       f"task's {report.leaks['another answer in prompt']:.0%} (p = {report.leaks['p']:.2g})")

@@ -24,13 +24,38 @@ from assay.envs.qa.play import Replay
 KINDS = ("answer", "code", "terminal")
 
 
-def kind_of(env: Environment) -> str:
-    """How an environment is cheated on: its declared `qa_kind`, else "terminal" when it has a `bash`
-    tool and "answer" otherwise (an environment that grades code declares "code")."""
-    kind = getattr(env, "qa_kind", None)
-    if kind is None:
-        kind = "terminal" if any(t.name == "bash" for t in env.tools) else "answer"
-    return kind
+def kind_of(env: Environment, task: Task | None = None) -> str:
+    """How an environment is cheated on: its declared `qa_kind`, else what it does (`does_kind`)."""
+    return getattr(env, "qa_kind", None) or does_kind(env, task)[0]
+
+
+def does_kind(env: Environment, task: Task | None = None) -> tuple[str, str]:
+    """The kind an environment's behaviour calls for, and why: "terminal" with a `bash` tool; "code"
+    when it declares `sandbox_limits` (it runs code) or its reference answers with a code block;
+    else "answer"."""
+    if any(t.name == "bash" for t in env.tools):
+        return "terminal", "it has a bash tool"
+    if getattr(env, "sandbox_limits", None) is not None:
+        return "code", "it declares sandbox_limits (it runs code)"
+    if task is not None and any("```" in m.content for m in env.reference_solution(task) if m.role == "assistant"):
+        return "code", "its reference answers with a code block"
+    return "answer", "it has no bash tool, no sandbox_limits and answers without code"
+
+
+def kind_problem(env: Environment, task: Task | None) -> tuple[str | None, str | None]:
+    """(a failure, a warning) about the kind the gate checks `env` as: a declared kind other than the
+    code or terminal kind the environment's behaviour calls for is a failure (those cheaters would never
+    run); an undeclared one is a warning naming the kind inferred. Declaring more than "answer" is fine."""
+    declared = getattr(env, "qa_kind", None)
+    does, why = does_kind(env, task)
+    if declared is None:
+        return None, f"declares no qa_kind: checked as {does!r} because {why}; declare qa_kind = {does!r}"
+    if declared not in KINDS:
+        return f"qa_kind {declared!r} is none of {', '.join(KINDS)}", None
+    if does != "answer" and declared != does:
+        return (f"declares qa_kind {declared!r} but {why}: the {does} cheaters would never run; "
+                f"declare qa_kind = {does!r}"), None
+    return None, None
 
 
 @dataclass
@@ -73,14 +98,15 @@ def other_reference(env: Environment, other: Task) -> Replay:
 RANDOM_ANSWER_TOLERANCE = 0.2
 
 
-def noisy_reference(env: Environment, task: Task, noise: float, rng: random.Random) -> Replay:
+def noisy_reference(env: Environment, task: Task, noise: float, rng: random.Random, u: float | None = None) -> Replay:
     """The reference played by a policy that errs at each character it writes with probability
     `noise`, and whose first error breaks the result (every turn comes out garbled): it
     succeeds with probability (1 - noise) ** (characters in the reference), so a task whose
     solution takes more work is harder for it. A proxy for difficulty that needs no model;
-    `assay env check --policy` measures a real one."""
+    `assay env check --policy` measures a real one. `u` (default: drawn from `rng`) is the uniform
+    number that decides success: the gate passes the same evenly spaced ones to every task."""
     turns = [m for m in env.reference_solution(task) if m.role == "assistant"]
-    if rng.random() >= (1 - noise) ** reference_work(turns):
+    if (rng.random() if u is None else u) >= (1 - noise) ** reference_work(turns):
         def garble(text: str) -> str:
             return "".join(rng.choice("0123456789abcdefxyz +-*()") if rng.random() < 0.5 else c for c in text)
 
@@ -380,6 +406,6 @@ CHEATERS = [
 ]
 
 
-def cheaters_for(env: Environment) -> list[Scripted]:
-    kind = kind_of(env)
+def cheaters_for(env: Environment, kind: str | None = None) -> list[Scripted]:
+    kind = kind or kind_of(env)
     return [c for c in CHEATERS if kind in c.kinds and (c.name != "ask the tool for the answer" or env.tools)]
