@@ -267,7 +267,7 @@ def test_both_gemm_libraries_give_transformers_greedy_tokens(tok, policy, gemm):
 
 def test_the_c_decode_step_samples_exactly_what_the_layer_by_layer_forward_does(tok, policy, monkeypatch):
     """Few decoding rows run every layer in one C call: the same kernels in the same order, so the same
-    tokens and the same logprobs to the bit, shared-prefix merges (two groups of four) included."""
+    tokens and the same logprobs to the bit, shared-prefix merges included."""
     from assay.rollout.engine import cpu_kernel, onednn
     from assay.rollout.engine import model as paged
 
@@ -275,8 +275,13 @@ def test_the_c_decode_step_samples_exactly_what_the_layer_by_layer_forward_does(
         pytest.skip("missing tool: the C kernels did not build (a C compiler with OpenMP)")
     if not onednn.available():
         pytest.skip("the C step runs on the C kernels' panels beside oneDNN")
-    prompts = random_prompts(len(tok), 2, max_len=60, seed=6)
-    requests = [GenRequest(p, SamplingParams(temperature=1.0, max_tokens=30, seed=i), n=4) for i, p in enumerate(prompts)]
+    # as many rows as the C step takes on this CPU (8 with 512-bit vectors, 2 with 256-bit ones): two groups
+    # of four, or one group of two, so that every decode step runs in C
+    rows = cpu_kernel.skinny_rows()
+    groups, n = (2, 4) if rows >= 8 else (1, 2)
+    prompts = [p[:48] + p[:48] for p in random_prompts(len(tok), groups + 8, max_len=60, seed=6) if len(p) >= 24]
+    prompts = prompts[:groups]  # long enough to share whole KV blocks within a group
+    requests = [GenRequest(p, SamplingParams(temperature=1.0, max_tokens=30, seed=i), n=n) for i, p in enumerate(prompts)]
     steps = []
     in_c = paged.PagedModel._decode_step_in_c
     monkeypatch.setattr(paged.PagedModel, "_decode_step_in_c", lambda self, b: steps.append(b) or in_c(self, b))

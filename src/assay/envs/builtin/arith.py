@@ -121,6 +121,7 @@ class ArithEnv:
     version = "3"  # 3: the prompt states the answer format
     task_stream = "arith@2"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "math"
+    qa_kind = "answer"
     difficulties = (1, 2, 3, 4)
     tools: tuple[ToolSpec, ...] = ()
     hash_deps = ("assay.envs.builtin._common",)

@@ -70,6 +70,7 @@ class ToolcalcEnv:
     version = "3"  # 3: the prompt states the answer format
     task_stream = "toolcalc@2"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "agent"
+    qa_kind = "answer"
     difficulties = (1, 2, 3, 4)
     tools: tuple[ToolSpec, ...] = (LOOKUP,)
     hash_deps = ("assay.envs.builtin._common", "assay.envs.tools")
