@@ -627,6 +627,8 @@ def bench_learning(overrides: Overrides = None,
                    threads: Annotated[int, typer.Option(help="torch threads per run (0: the config's)")] = 0,
                    run_dir: Annotated[Path, typer.Option(help="where the runs go")] = Path("runs"),
                    name: Annotated[str, typer.Option(help="runs are NAME_s0, NAME_s1, …")] = "learning",
+                   preset: Annotated[str, typer.Option(help="the config each seed runs: quickstart or smollm2")]
+                   = "quickstart",
                    out: Annotated[Path | None, typer.Option(help="also write the tables (markdown) here")] = None) -> None:
     """The quickstart over several seeds: RL's Δ pass@1 per domain and on average, mean ± sd over seeds."""
     from assay.bench.learning import run_learning_bench
@@ -634,7 +636,8 @@ def bench_learning(overrides: Overrides = None,
 
     if seeds < 1 or jobs < 1 or threads < 0:
         raise ConfigError("--seeds and --jobs must be at least 1, --threads at least 0")
-    text, _ = run_learning_bench(seeds, name, run_dir, overrides or [], jobs, threads, log=console.print)
+    text, _ = run_learning_bench(seeds, name, run_dir, overrides or [], jobs, threads, log=console.print,
+                                 preset=preset)
     print(text)
     if out is not None:
         out.write_text(text)

@@ -36,7 +36,7 @@ def machine() -> str:
 
 
 def run_seeds(seeds: Sequence[int], name: str, run_dir: Path, overrides: Sequence[str], jobs: int,
-              threads: int, log=print) -> dict[int, Path]:
+              threads: int, log=print, preset: str = "quickstart") -> dict[int, Path]:
     """Run the quickstart for each seed that has no summary yet; returns seed -> run directory."""
     dirs = {s: run_dir / f"{name}_s{s}" for s in seeds}
     todo = [s for s in seeds if not (dirs[s] / "summary.json").is_file()]
@@ -49,7 +49,7 @@ def run_seeds(seeds: Sequence[int], name: str, run_dir: Path, overrides: Sequenc
             s = todo.pop(0)
             run_dir.mkdir(parents=True, exist_ok=True)
             logf = open(run_dir / f"{name}_s{s}.log", "w")  # closed when the run ends
-            cmd = [sys.executable, "-m", "assay.cli", "quickstart", f"seed={s}", f"name={name}_s{s}",
+            cmd = [sys.executable, "-m", "assay.cli", "quickstart", "--preset", preset, f"seed={s}", f"name={name}_s{s}",
                    f"run_dir={run_dir}", *([f"threads={threads}"] if threads else []), *overrides]
             log(f"seed {s}: {' '.join(cmd[3:])}  (log: {logf.name})")
             running.append((s, subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT), logf, time.time()))
@@ -85,7 +85,7 @@ def learning_table(summaries: dict[int, dict[str, Any]], where: str = "") -> str
     """Markdown: one row per seed, then the mean ± standard deviation over the seeds."""
     seeds = sorted(summaries)
     domains = [r["domain"] for r in summaries[seeds[0]]["domains"]]
-    head = ["seed", *(f"{d} Δ" for d in domains), "mean Δ", "SFT → RL (mean)", "min"]
+    head = ["seed", *(f"{d} Δ" for d in domains), "mean Δ", "start → RL (mean)", "min"]
     lines = [f"| {' | '.join(head)} |", f"|{'---|' * len(head)}"]
     per_domain: dict[str, list[float]] = {d: [] for d in domains}
     means, sfts, rls = [], [], []
@@ -153,8 +153,8 @@ def read_summaries(dirs: dict[int, Path]) -> dict[int, dict[str, Any]]:
 
 
 def run_learning_bench(seeds: int, name: str, run_dir: Path, overrides: Sequence[str], jobs: int, threads: int,
-                       log=print) -> tuple[str, dict[int, dict[str, Any]]]:
-    dirs = run_seeds(list(range(seeds)), name, run_dir, overrides, jobs, threads, log)
+                       log=print, preset: str = "quickstart") -> tuple[str, dict[int, dict[str, Any]]]:
+    dirs = run_seeds(list(range(seeds)), name, run_dir, overrides, jobs, threads, log, preset)
     summaries = read_summaries(dirs)
     counts = sorted({summ.get("threads") for summ in summaries.values()}, key=str)
     where = (f"Machine: {machine()}; torch threads per run: {', '.join(map(str, counts))}; "

@@ -145,7 +145,9 @@ def secrets(env: Environment, task: Task) -> list[str]:
     if callable(own):
         return [s for s in own(task) if s]
     final = [m for m in env.reference_solution(task) if m.role == "assistant" and not m.tool_calls]
-    return [line.strip() for m in final for line in m.content.splitlines() if len(line.strip()) >= 6]
+    # a code fence (```python) is the answer's format, which a prompt may state; what it fences is the secret
+    return [line.strip() for m in final for line in m.content.splitlines()
+            if len(line.strip()) >= 6 and not line.strip().startswith("```")]
 
 
 def leaked(hidden: list[str], text: str) -> list[str]:
