@@ -3,7 +3,7 @@ from __future__ import annotations
 import random
 
 from assay.core.types import Message, Task, ToolCall
-from assay.envs.builtin._common import extract_answer, extract_int
+from assay.envs.builtin._common import ANSWER_FORMAT, extract_answer, extract_int
 from assay.envs.builtin.arith import MAX_FACTOR, MAX_VALUE, ArithEnv, parse, render, steps
 
 
@@ -37,7 +37,7 @@ def test_levels_have_their_shape_and_bounds():
             assert all(0 <= c <= MAX_VALUE for _, _, _, c in chain)
             assert all(max(a, b) <= MAX_FACTOR for a, op, b, _ in chain if op == "*")
             assert ("*" in expr) == (difficulty >= 3) and ("(" in expr) == (difficulty == 4)
-            assert task.prompt == [Message("user", f"Compute {expr}.")]
+            assert task.prompt == [Message("user", f"Compute {expr}. {ANSWER_FORMAT}")]
 
 
 def test_reference_form_is_steps_then_answer():
@@ -47,9 +47,11 @@ def test_reference_form_is_steps_then_answer():
 
 
 def test_generation_is_pinned_for_a_seed():
-    # A change here changes the tasks of arith@2: bump the version instead.
+    # A change here changes the tasks of arith@2, which arith@3 repeats with the answer format stated:
+    # bump the version instead.
     task = ArithEnv().generate(random.Random(0), 2)
-    assert task.prompt[0].content == "Compute 10+13-19." and task.payload["answer"] == 4
+    assert task.prompt[0].content == "Compute 10+13-19. " + ANSWER_FORMAT and task.payload["answer"] == 4
+    assert task.task_id == "arith-2-70b866785581"  # arith@2's id: the same task, the same partition
 
 
 def _grade(answer: str, expected: int = 14) -> bool:
@@ -65,6 +67,13 @@ def test_verifier_reads_only_the_answer_line():
     assert not _grade("14") and not _grade("") and not _grade("Compute 3*4+7-5.")  # no answer line
     assert not _grade("Answer: 14.0") and not _grade("Answer: 14 or 15") and not _grade("Answer: fourteen")
     assert _grade("Answer: -3", expected=-3)
+
+
+def test_a_right_answer_in_the_stated_format_passes_with_a_chat_models_markdown():
+    """The prompt asks for a line 'Answer: N'; a chat model's emphasis around it is not a wrong answer."""
+    assert "'Answer: N'" in ANSWER_FORMAT
+    assert _grade("**Answer:** 14") and _grade("Answer: **14**") and _grade("Answer: `14`.") and _grade("Answer: 14.")
+    assert not _grade("**Answer:** 14 or 15") and not _grade("Answer: 14, 15") and not _grade("Answer: **15**")
 
 
 def test_extract_helpers():

@@ -3,6 +3,7 @@ from __future__ import annotations
 import random
 
 from assay.core.types import Message, Task, ToolCall
+from assay.envs.builtin._common import ANSWER_FORMAT
 from assay.envs.builtin.toolcalc import LOOKUP, SYSTEM, ToolcalcEnv
 from assay.envs.tools import parse_call
 
@@ -30,7 +31,7 @@ def test_prompts_by_level():
         keys, table = task.payload["keys"], task.payload["table"]
         assert task.payload["signs"] == signs and len(set(keys)) == len(keys) == len(signs)
         question = keys[0] + "".join(f" {s} {k}" for s, k in zip(signs[1:], keys[1:], strict=True))
-        assert task.prompt == [Message("system", SYSTEM), Message("user", f"What is {question}?")]
+        assert task.prompt == [Message("system", SYSTEM), Message("user", f"What is {question}? {ANSWER_FORMAT}")]
         total = table[keys[0]] + sum(table[k] if s == "+" else -table[k] for s, k in zip(signs[1:], keys[1:],
                                                                                          strict=True))
         assert total == task.payload["answer"] >= 0

@@ -100,12 +100,12 @@ def test_an_endpoint_policy_is_evaluated_through_chat_completions_and_tool_calls
     assert out.returncode == 0, out.stderr
     record = read_record(tmp_path)
     assert record["policy"] == {"kind": "endpoint", "url": server, "model": "scripted"}
-    arith, toolcalc = record["domains"]["arith@2"]["metrics"], record["domains"]["toolcalc@2"]["metrics"]
+    arith, toolcalc = record["domains"]["arith@3"]["metrics"], record["domains"]["toolcalc@3"]["metrics"]
     assert arith["pass_at"]["1"]["value"] == 1.0 and arith["mean_rounds"] == 1.0
     assert toolcalc["pass_at"]["1"]["value"] == 1.0 and toolcalc["mean_rounds"] == 3.0
     assert toolcalc["recovery_rate"] == 1.0 and toolcalc["tool_error_rate"] > 0  # the bad call, then success
     assert toolcalc["prompt_tokens"] > 0 and toolcalc["completion_tokens"] == 21  # the server's usage, 3 turns
-    assert record["domains"]["codegen@5"]["metrics"]["infra_errors"] == 0
+    assert record["domains"]["codegen@6"]["metrics"]["infra_errors"] == 0
 
 
 def test_an_unreachable_endpoint_or_unknown_model_is_one_line(server, tmp_path):
@@ -124,7 +124,7 @@ def test_the_api_key_comes_from_the_named_variable_and_is_never_printed_or_recor
     out = assay("eval", "suites/arith.yaml", "--endpoint", server, "--model", "locked", "--api-key-env", "MY_KEY",
                 "--out", str(tmp_path / "ok"), "--html", MY_KEY=KEY)
     assert out.returncode == 0, out.stderr
-    assert read_record(tmp_path / "ok")["domains"]["arith@2"]["metrics"]["pass_at"]["1"]["value"] == 1.0
+    assert read_record(tmp_path / "ok")["domains"]["arith@3"]["metrics"]["pass_at"]["1"]["value"] == 1.0
     default = assay("eval", "suites/arith.yaml", "--endpoint", server, "--model", "locked",
                     "--out", str(tmp_path / "default"), OPENAI_API_KEY=KEY)  # the default variable
     assert default.returncode == 0, default.stderr

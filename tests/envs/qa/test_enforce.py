@@ -50,7 +50,7 @@ def test_a_failed_or_stale_record_is_no_pass_and_a_passing_one_is(tmp_path):
     assert report.passed
     save(tmp_path, report)
     assert passing_record(env, [tmp_path])["hash"] == env_hash(env)
-    rec = next((tmp_path / "arith@2").glob("*.json"))
+    rec = next((tmp_path / "arith@3").glob("*.json"))
     for stale in ({"gate_version": GATE_VERSION - 1}, {"passed": False}, {"hash": "0" * 12}):
         rec.write_text(json.dumps({**report.to_json(), **stale}))
         assert passing_record(env, [tmp_path]) is None, stale
@@ -82,5 +82,5 @@ def test_assay_train_refuses_an_unchecked_environment_in_one_line(tmp_path):
                          cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": src})
     assert out.returncode == 2, out.stderr
     line = out.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: environment jsonl@2") and f"`assay env check jsonl@2 --env-arg path={data}`" in line
+    assert line.startswith("error: environment jsonl@3") and f"`assay env check jsonl@3 --env-arg path={data}`" in line
     assert "--allow-unchecked jsonl" in line

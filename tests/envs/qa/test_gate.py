@@ -83,6 +83,18 @@ def test_a_prompt_that_leaks_the_answer_fails_the_leak_gate():
     assert failed_gates(report) <= {"no leak", "cheaters"}  # copying the last value from the prompt now works too
 
 
+def test_a_code_fence_the_prompt_asks_for_is_format_and_the_code_in_it_stays_secret():
+    from assay.envs.qa.gate import leaked, secrets
+
+    env = get_env("codegen")
+    task = env.generate(random.Random(0), 1)
+    prompt = task.prompt[0].content
+    assert "```python" in prompt  # the prompt states the answer's format
+    hidden = secrets(env, task)
+    assert hidden == [line.strip() for line in task.payload["code"].splitlines()]  # the code, not its fence
+    assert not leaked(hidden, prompt) and leaked(hidden, prompt + "\n" + task.payload["code"])
+
+
 def test_a_nondeterministic_verifier_fails_determinism():
     report = run_gate(Nondeterministic(), QAConfig(tasks_per_level=4, repeats=3, cheat_tasks_per_level=0,
                                                    noisy_samples=2, flake_rate=0.5))
@@ -106,9 +118,9 @@ def test_the_store_locks_a_passed_version_and_diffs_against_the_previous_one(tmp
     with pytest.raises(VersionNotBumped, match="code assay.envs.builtin.arith.*bump its version"):
         check_version(tmp_path, env_spec(env), "f" * 12, parts)
     moved = tmp_path / "arith@0"
-    (tmp_path / "arith@2").rename(moved)
-    assert previous_version(tmp_path, "arith", "2")["env"] == "arith@2"
-    assert diff(previous_version(tmp_path, "arith", "2"), report) == ["same results as arith@2"]
+    (tmp_path / "arith@3").rename(moved)
+    assert previous_version(tmp_path, "arith", "3")["env"] == "arith@3"
+    assert diff(previous_version(tmp_path, "arith", "3"), report) == ["same results as arith@3"]
 
 
 def test_a_record_from_an_older_gate_is_no_pass_and_locks_only_the_parts_it_hashed(tmp_path):

@@ -127,7 +127,8 @@ def grade(final: list[Message], matcher: str, answer: str) -> Reward:
 @register
 class JsonlEnv:
     name = "jsonl"
-    version = "2"
+    version = "3"  # 3: only the shared _common changed (the answer line's parsing); 2's tasks
+    task_stream = "jsonl@2"  # the version whose draws (tasks, ids, partition) this one repeats
     tools: tuple[ToolSpec, ...] = ()
     hash_deps = ("assay.envs.builtin._common",)
 
@@ -159,11 +160,11 @@ class JsonlEnv:
         level = self.nearest_level(difficulty)
         seed = draw_seed(rng)
         pool = self.by_level[level]
-        record = pool[task_rng(spec, level, seed).randrange(len(pool))]
+        record = pool[task_rng(self.task_stream, level, seed).randrange(len(pool))]
         payload = {"answer": record.answer, "reference": record.reference, "matcher": self.matcher,
                    "line": record.line, "level": level}
         # Labelled with the requested difficulty, so a curriculum's per-level accounting sees what it asked for.
-        return Task(env=spec, task_id=task_id(spec, level, [self._fingerprint[:12], record.line, record.prompt]),
+        return Task(env=spec, task_id=task_id(self.task_stream, level, [self._fingerprint[:12], record.line, record.prompt]),
                     difficulty=difficulty, prompt=[Message("user", record.prompt)],
                     payload=payload, seed=seed, env_hash=env_hash(self))
 

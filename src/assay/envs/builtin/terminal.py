@@ -412,7 +412,8 @@ class TerminalEpisode:
 @register
 class TerminalEnv:
     name = "terminal"
-    version = "5"  # 4, 5: only the shared _pyjudge changed (codegen's batches, then its results); 3's tasks
+    version = "6"  # 4, 5, 6: only shared modules changed (_pyjudge: codegen's batches, then its results;
+    # _common: the answer line's parsing); 3's tasks
     task_stream = "terminal@3"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "terminal"
     qa_kind = "terminal"
