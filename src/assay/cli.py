@@ -81,9 +81,6 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
         code = run_supervised(first, run_dir, supervise, ["--unsafe-no-sandbox"] if unsafe_allowed() else [],
                               log=console.print)
         raise typer.Exit(code)
-    from assay.pipeline.async_pipeline import make_pipeline
-    from assay.pipeline.ui import RunView
-
     if resume is not None:
         cfg = load_config(config or resume / "config.yaml", overrides)
         run_dir = resume
@@ -92,6 +89,9 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
     else:
         cfg = load_config(config, overrides)
         run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
+    from assay.pipeline.async_pipeline import make_pipeline  # torch and the rest: after bad input is told
+    from assay.pipeline.ui import RunView
+
     # added to the config's own list: the run's config.yaml then keeps every override
     cfg.allow_unchecked = list(dict.fromkeys([*cfg.allow_unchecked, *allow]))
     pipeline = make_pipeline(cfg, run_dir, resume=resume is not None)

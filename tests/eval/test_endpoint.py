@@ -32,9 +32,9 @@ def _reply(body: dict) -> dict:
     messages = body["messages"]
     user = next(m["content"] for m in messages if m["role"] == "user")
     tool_calls, content = None, ""
-    if m := re.fullmatch(r"Compute (.+)\.", user):
+    if m := re.fullmatch(r"Compute (.+?)\. End your reply .*", user):
         content = f"Answer: {_calc(ast.parse(m.group(1), mode='eval').body)}"
-    elif m := re.fullmatch(r"What is (.+)\?", user):
+    elif m := re.fullmatch(r"What is (.+?)\? End your reply .*", user):
         names = re.findall(r"[a-z]+", m.group(1))
         signs = ["+", *re.findall(r"[+-]", m.group(1))]
         results = [x["content"] for x in messages if x["role"] == "tool"]

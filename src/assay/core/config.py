@@ -399,7 +399,7 @@ def build_config(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file (e.g. configs/quickstart.yaml)")
+        raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file (`assay quickstart --print-config > run.yaml` writes the default one)")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:

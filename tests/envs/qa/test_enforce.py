@@ -31,16 +31,16 @@ from assay.envs.registry import env_hash
 def test_an_unchecked_environment_is_refused_naming_the_command_that_checks_it(tmp_path):
     env = AcceptsAnything()
     with pytest.raises(UncheckedEnvironment, match=(
-            rf"^environment broken-accepts-anything@2 \(hash {env_hash(env)}, domain 'd'\) has no passing record "
-            rf"of QA gate v{GATE_VERSION}: check it with `assay env check broken-accepts-anything@2 --env-arg x=1`, "
+            rf"^environment broken-accepts-anything@3 \(hash {env_hash(env)}, domain 'd'\) has no passing record "
+            rf"of QA gate v{GATE_VERSION}: check it with `assay env check broken-accepts-anything@3 --env-arg x=1`, "
             r"or run it unchecked \(recorded\) with --allow-unchecked broken-accepts-anything")):
         require_checked({"d": env}, stores=[tmp_path], env_args={"d": {"x": 1}})
 
 
-@pytest.mark.parametrize("allow", ["broken-accepts-anything", "broken-accepts-anything@2", "d"])
+@pytest.mark.parametrize("allow", ["broken-accepts-anything", "broken-accepts-anything@3", "d"])
 def test_an_override_by_name_version_or_domain_is_returned_for_the_run_to_record(tmp_path, allow):
     env = AcceptsAnything()
-    assert require_checked({"d": env}, [allow], [tmp_path]) == {"d": f"broken-accepts-anything@2 {env_hash(env)}"}
+    assert require_checked({"d": env}, [allow], [tmp_path]) == {"d": f"broken-accepts-anything@3 {env_hash(env)}"}
 
 
 def test_a_failed_or_stale_record_is_no_pass_and_a_passing_one_is(tmp_path):
