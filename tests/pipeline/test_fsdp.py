@@ -19,8 +19,9 @@ from assay.pipeline.train_ranks import rank_devices
 RUN = ["train.steps=3", "train.checkpoint_every=3", "train.max_refill_rounds=0", "train.lr=1e-3"]
 FSDP = ["train.sharding=fsdp"]
 # Measured: after 3 steps the weights of 2 sharded ranks and of one unsharded process differ by at most
-# 1.9e-7: the ranks sum the batch's gradient in another order, and Adam turns that rounding into steps.
-ATOL = 1e-6
+# 1.9e-7 on one machine's data and 2.1e-6 on another's: the ranks sum the batch's gradient in another order,
+# and Adam turns that rounding into steps where a gradient is near zero. A hundredth of one step (lr 1e-3).
+ATOL = 1e-5
 
 
 def _record_published(pipeline) -> list[dict[str, torch.Tensor]]:

@@ -35,8 +35,10 @@ def test_two_trainer_ranks_step_as_one_process_and_stay_identical(tiny_config, t
     assert len(digests) == 3 and all([mine] == others for mine, others in digests)  # rank 1 = rank 0, every step
     assert two.ranks is None and not torch.distributed.is_initialized()  # closed with the run
     a, b = (load_file(tmp_path / n / "checkpoints" / "step_3" / "model.safetensors") for n in ("one", "two"))
-    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
-    assert any(not torch.allclose(start[k], a[k], atol=1e-4) for k in a)  # the steps moved the weights
+    # equal up to float rounding (the all-reduce sums in another order), which Adam's normalization amplifies
+    # where a gradient is near zero: within a hundredth of one step's update (lr 1e-2)
+    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
+    assert any(not torch.allclose(start[k], a[k], atol=1e-3) for k in a)  # the steps moved the weights
 
 
 def test_a_run_with_two_ranks_resumes_exactly_and_each_rank_gets_its_own_optimizer_state(tiny_config, tmp_path):
