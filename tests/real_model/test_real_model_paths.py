@@ -48,7 +48,7 @@ def test_lora_rl_with_selective_logprobs_trains_the_real_model(smollm2_dir, tmp_
     records = tmp_path / "no_e.jsonl"  # an instruct model passes this about half the time: a signal from step 1
     records.write_text("\n".join(json.dumps({"prompt": f"Say one short word without the letter e ({i}).",
                                              "answer": "[^e]*", "reference": "ok"}) for i in range(4)))
-    config = {"name": "smol", "seed": 0, "threads": 1, "run_dir": str(tmp_path),
+    config = {"name": "smol", "seed": 0, "threads": 1, "run_dir": str(tmp_path), "allow_unchecked": ["no_e"],
               "model": {"path": str(smollm2_dir)},
               "domains": [{"name": "no_e", "env": "jsonl", "group_size": 4, "max_new_tokens": 6,
                            "env_args": {"path": str(records), "matcher": "regex"}}],
