@@ -131,13 +131,14 @@ def training_dynamics(run_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def summary_table(rows: list[dict[str, Any]], held_out: bool, mean: dict[str, float] | None = None) -> Table:
+def summary_table(rows: list[dict[str, Any]], held_out: bool, mean: dict[str, float] | None = None,
+                  start: str = "after SFT") -> Table:
     def ci(e: dict[str, float]) -> str:
         return f"{e['value']:.3f} [{e['low']:.3f}, {e['high']:.3f}]"
 
     where = "held-out tasks" if held_out else "evaluation tasks that are NOT held out"
     table = Table(title=f"pass@1 on {where} (95% bootstrap CIs over tasks; Δ paired)")
-    for col in ("domain", "tasks × n", "after SFT", "after RL", "Δ", "verdict"):
+    for col in ("domain", "tasks × n", start, "after RL", "Δ", "verdict"):
         table.add_column(col, justify="left" if col in ("domain", "verdict") else "right")
     for r in rows:
         table.add_row(r["domain"], f"{r['tasks']} × {r['n']}", ci(r["sft"]), ci(r["rl"]), ci(r["delta"]), r["verdict"])
@@ -192,7 +193,7 @@ def run_quickstart(cfg: Config, console: Console | None = None) -> list[dict[str
                                                         "seconds": {k: round(v, 1) for k, v in seconds.items()},
                                                         "training": training_dynamics(run_dir)}, indent=1))
     console.print("[bold]5/5[/] report")
-    console.print(summary_table(rows, overlap.held_out, mean))
+    console.print(summary_table(rows, overlap.held_out, mean, "after SFT" if cfg.sft.steps else "as it came"))
     console.print(overlap.describe())
     from assay.eval.report import write_report
 
