@@ -10,6 +10,7 @@ is missing (a C compiler for the kernels, Chromium for the page) fails instead: 
 starts with MISSING_TOOL, so CI cannot skip in silence."""
 
 import os
+import sys
 import warnings
 from collections.abc import Mapping
 
@@ -84,3 +85,17 @@ def smollm2_dir(tmp_path_factory):
     from assay.core.gguf_import import import_gguf
 
     return import_gguf("smollm2", tmp_path_factory.mktemp("smollm2") / "model")
+
+
+_THIS = sys.modules[__name__]  # taken now: other folders' conftest.py later take the same import name
+
+
+@pytest.fixture(scope="session")
+def root_conftest():
+    """This module, for the tests of its own hooks."""
+    return _THIS
+
+
+def skipped_report(reason: str) -> pytest.TestReport:
+    """A test's report as pytest makes it for `pytest.skip(reason)` in setup."""
+    return pytest.TestReport("t.py::t", ("t.py", 1, "t"), {}, "skipped", ("t.py", 1, f"Skipped: {reason}"), "setup")

@@ -5,22 +5,14 @@ from pathlib import Path
 import pytest
 
 
-def _root_conftest(config: pytest.Config) -> object:
-    path = str(Path(__file__).resolve().with_name("conftest.py"))
-    return next(p for p in config.pluginmanager.get_plugins() if getattr(p, "__file__", None) == path)
-
-
 @pytest.mark.parametrize("value,fails", [(None, False), ("", False), ("0", False), ("false", False), ("true", True),
                                          ("1", True)])
-def test_a_skip_for_a_missing_tool_fails_where_ci_is_set(pytestconfig: pytest.Config, value: str | None,
-                                                         fails: bool) -> None:
-    conftest = _root_conftest(pytestconfig)
+def test_a_skip_for_a_missing_tool_fails_where_ci_is_set(root_conftest, value: str | None, fails: bool) -> None:
     environ = {} if value is None else {"CI": value}
 
     def skipped(reason: str) -> pytest.TestReport:
-        report = pytest.TestReport("t.py::t", ("t.py", 1, "t"), {}, "skipped", ("t.py", 1, f"Skipped: {reason}"),
-                                   "setup")
-        conftest.require_tools(report, environ)
+        report = root_conftest.skipped_report(reason)
+        root_conftest.require_tools(report, environ)
         return report
 
     for reason in ("missing tool: the C kernels did not build (a C compiler with OpenMP)",

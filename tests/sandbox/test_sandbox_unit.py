@@ -124,20 +124,14 @@ def test_open_sandbox_isolates_where_it_can(isolated: None) -> None:
         s.close()
 
 
-def _root_conftest(config: pytest.Config) -> object:
-    path = str(Path(__file__).resolve().parents[1] / "conftest.py")
-    return next(p for p in config.pluginmanager.get_plugins() if getattr(p, "__file__", None) == path)
-
-
 @pytest.mark.parametrize("value,fails", [(None, False), ("", False), ("0", False), ("1", True), ("yes", True)])
-def test_a_skip_for_want_of_a_sandbox_fails_where_one_is_required(pytestconfig: pytest.Config, value: str | None,
+def test_a_skip_for_want_of_a_sandbox_fails_where_one_is_required(root_conftest, value: str | None,
                                                                    fails: bool) -> None:
-    conftest = _root_conftest(pytestconfig)
+    conftest = root_conftest
     environ = {} if value is None else {"ASSAY_REQUIRE_SANDBOX": value}
 
     def skipped(reason: str) -> pytest.TestReport:
-        report = pytest.TestReport("t.py::t", ("t.py", 1, "t"), {}, "skipped", ("t.py", 1, f"Skipped: {reason}"),
-                                   "setup")
+        report = conftest.skipped_report(reason)
         conftest.require_sandbox(report, environ)
         return report
 
