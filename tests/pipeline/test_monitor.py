@@ -23,7 +23,7 @@ def test_a_training_rise_without_a_held_out_rise_is_flagged():
 
 
 def test_training_logs_pass_rates_and_evaluates_held_out_periodically(tiny_config, tmp_path):
-    cfg = load_config(tiny_config(name="mon"), ["eval.every=3", "eval.tasks_per_domain=2", "eval.n=2"])
+    cfg = load_config(tiny_config(name="mon"), ["eval.every=3", "eval.watch_tasks=2", "eval.watch_n=2"])
     make_pipeline(cfg, tmp_path / "mon").run()
     records = [json.loads(line) for line in (tmp_path / "mon" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["kind"] == "eval"]
@@ -35,3 +35,12 @@ def test_training_logs_pass_rates_and_evaluates_held_out_periodically(tiny_confi
     shown = subprocess.run([sys.executable, "-m", "assay.cli", "env", "show", "arith", "--store", str(store)],
                            capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "250"})
     assert shown.returncode == 0 and f"training (hash {h}, 1 runs, {arith['steps']} steps)" in shown.stdout, shown.stderr
+
+
+def test_the_watch_is_on_by_default_four_times_a_run_and_off_for_short_runs_and_vllm(tiny_config):
+    assert load_config(tiny_config(), ["train.steps=40"]).watch_every == 10
+    assert load_config(tiny_config(), ["train.steps=7"]).watch_every == 0  # too short to tell a loophole from noise
+    assert load_config(tiny_config(), ["train.steps=40", "eval.every=0"]).watch_every == 0
+    assert load_config(tiny_config(), ["train.steps=40", "eval.every=3"]).watch_every == 3
+    vllm = load_config(tiny_config(), ["train.steps=40", "rollout.backend=vllm", "pipeline.mode=sync"])
+    assert vllm.watch_every == 0  # it would evaluate in the trainer's process, beside vLLM's engine

@@ -288,7 +288,12 @@ class EvalConfig(_Strict):
     # `assay eval --env` builds its domains with these (a run's domains carry their own): enough turns
     # for the tool environments, where a single turn can only call a tool, never read its result
     max_turns: int = Field(4, gt=0)
-    every: int = Field(0, ge=0)  # during training: evaluate on the evaluation partition every N steps (0: never)
+    # the loophole watch: during training, evaluate on the evaluation partition every N steps and flag a
+    # domain whose training pass rate rises while its held-out one does not. None: four times a run (runs of
+    # 8 steps or more; a shorter one cannot tell a loophole from noise); 0: never
+    every: int | None = Field(None, ge=0)
+    watch_tasks: int = Field(64, gt=0)  # held-out tasks per domain at each watch evaluation
+    watch_n: int = Field(4, gt=0)  # samples per task there (pass@1 only: its standard error is what matters)
     qa_store: str | None = None  # training's pass rates per env version and level go here; None: RUN/envqa
     loophole_margin: float = Field(0.1, gt=0)  # a training rise this large with no held-out rise is flagged
 
@@ -317,6 +322,8 @@ class Config(_Strict):
         if dup:
             raise ValueError(f"domain names must be unique, repeated: {sorted(dup)}")
         if self.rollout.backend == "vllm":
+            if self.eval.every is None:  # the watch evaluates in the trainer's process, where vLLM cannot: off
+                self.eval.every = 0
             in_trainer = self.pipeline.workers == "thread" or self.eval.every > 0  # in-training evaluation is here
             if self.train.distributed and in_trainer:
                 raise ValueError("rollout.backend: vllm starts its own torch.distributed group in the process it runs "
@@ -329,6 +336,13 @@ class Config(_Strict):
                                  "vLLM engines in one process (vLLM keeps its forward state process-wide); use "
                                  "pipeline.workers: process, or eval.every: 0")
         return self
+
+    @property
+    def watch_every(self) -> int:
+        """Steps between the loophole watch's held-out evaluations; 0: no watch."""
+        if self.eval.every is not None:
+            return self.eval.every
+        return self.train.steps // 4 if self.train.steps >= 8 else 0
 
 
 def _parse_value(text: str) -> Any:

@@ -131,6 +131,23 @@ def training_dynamics(run_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def loophole_watch(run_dir: Path) -> dict[str, Any]:
+    """What the loophole watch did during RL: its held-out evaluations, their time, and its warnings."""
+    metrics = read_metrics(run_dir)
+    evals = [m for m in metrics if m.get("kind") == "eval"]
+    return {"evaluations": [m["step"] for m in evals], "seconds": round(sum(m.get("heldout/seconds", 0.0) for m in evals), 1),
+            "warnings": [m["loophole"] for m in metrics if m.get("kind") == "warning" and "loophole" in m]}
+
+
+def describe_watch(watch: dict[str, Any], rl_seconds: float) -> str:
+    if not watch["evaluations"]:
+        return "loophole watch: off (eval.every: 0, or a run under 8 steps)"
+    share = f", {watch['seconds'] / rl_seconds:.0%} of RL's time" if rl_seconds > 0 else ""
+    said = "; ".join(watch["warnings"]) if watch["warnings"] else "no warning"
+    return (f"loophole watch: held-out pass@1 at steps {', '.join(map(str, watch['evaluations']))} "
+            f"({watch['seconds']:.0f} s{share}): {said}")
+
+
 def summary_table(rows: list[dict[str, Any]], held_out: bool, mean: dict[str, float] | None = None,
                   start: str = "after SFT") -> Table:
     def ci(e: dict[str, float]) -> str:
@@ -188,13 +205,16 @@ def run_quickstart(cfg: Config, console: Console | None = None) -> list[dict[str
     rows = compare(before, after)
     mean = mean_difference(before, after)
     overlap = check_overlap(run_dir, (t for r in before.values() for t in r.task_ids))
+    watch = loophole_watch(run_dir)
     atomic_write(run_dir / "summary.json", json.dumps({"domains": rows, "mean": mean, "held_out": overlap.held_out,
+                                                        "loophole_watch": watch,
                                                         "overlap": overlap.describe(), "threads": rl_cfg.threads,
                                                         "seconds": {k: round(v, 1) for k, v in seconds.items()},
                                                         "training": training_dynamics(run_dir)}, indent=1))
     console.print("[bold]5/5[/] report")
     console.print(summary_table(rows, overlap.held_out, mean, "after SFT" if cfg.sft.steps else "as it came"))
     console.print(overlap.describe())
+    console.print(describe_watch(watch, seconds["rl"]))
     from assay.eval.report import write_report
 
     console.print(f"report: {write_report(run_dir)}")

@@ -220,13 +220,16 @@ class SyncPipeline:
         cfg = self.cfg
         log_training(self.qa_store, cfg.name, step, trajs, {n: env_spec(e) for n, e in self.envs.items()})
         self.watch.observe({name: d.pass_rate for name, d in stats.domains.items()})
-        if not cfg.eval.every or step % cfg.eval.every:
+        every = cfg.watch_every
+        if not every or step % every:
             return
-        results = evaluate(self.eval_backend(), self.tokenizer, self.envs, self.domains, cfg.eval.tasks_per_domain,
-                           cfg.eval.n, cfg.eval.seed, cfg.eval.temperature, ks=(1,),
+        started = time.perf_counter()
+        results = evaluate(self.eval_backend(), self.tokenizer, self.envs, self.domains, cfg.eval.watch_tasks,
+                           cfg.eval.watch_n, cfg.eval.seed, cfg.eval.temperature, ks=(1,),
                            allow_unchecked=cfg.allow_unchecked, stores=record_stores([cfg.eval.qa_store]))
         held = {name: (r.pass_at[1].value, r.pass_at[1].se) for name, r in results.items() if 1 in r.pass_at}
-        metrics.log(step, {f"heldout/{name}/pass@1": v for name, (v, _) in held.items()}, kind="eval")
+        metrics.log(step, {**{f"heldout/{name}/pass@1": v for name, (v, _) in held.items()},
+                           "heldout/seconds": time.perf_counter() - started}, kind="eval")
         for warning in self.watch.evaluated(held):
             metrics.log(step, {"loophole": warning}, kind="warning")
             if view:
