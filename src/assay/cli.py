@@ -23,7 +23,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Assay: RL post-training of LLM agents on verifiable rewards.")
 console = Console()
 _EVAL, _DOMAIN = EvalConfig(), DomainConfig(name="-", env="-")  # `assay eval` defaults are the config's
-sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in the sandbox model-written code runs in.")
+sandbox_app = typer.Typer(invoke_without_command=True, help="The sandbox model-written code runs in: alone, what "
+                                                                "enforces each limit here; `run`, a command in it.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: ratios measured side by side in one run.")
 env_app = typer.Typer(no_args_is_help=True, help="Environments: list, show, and the QA gate.")
 model_app = typer.Typer(no_args_is_help=True, help="Bring a pretrained model in as a Hugging Face directory.")
@@ -35,11 +36,18 @@ app.add_typer(model_app, name="model")
 
 @app.callback()
 def _global(unsafe_no_sandbox: Annotated[bool, typer.Option(
-        "--unsafe-no-sandbox", help="run model-written code WITHOUT isolation where the sandbox cannot start")] = False) -> None:
+        "--unsafe-no-sandbox", help="run model-written code WITHOUT isolation where the sandbox cannot start")] = False,
+            per_process_limits: Annotated[bool, typer.Option(
+        "--per-process-limits", help="where no cgroup can cap a sandbox's whole process tree, cap memory and "
+                                     "processes per process (rlimits) instead of refusing")] = False) -> None:
     if unsafe_no_sandbox:
         from assay.sandbox import allow_unsafe_sandbox
 
         allow_unsafe_sandbox()
+    if per_process_limits:
+        from assay.sandbox import allow_per_process_limits
+
+        allow_per_process_limits()
 
 Overrides = Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides, e.g. train.steps=5")]
 
@@ -334,6 +342,19 @@ def quickstart(overrides: Overrides = None,
         return
     cfg = default_config(overrides or [], preset)
     run_quickstart(cfg, console)
+
+
+@sandbox_app.callback()
+def sandbox_status(ctx: typer.Context) -> None:
+    """Alone: which sandbox this host gives, and what enforces each limit (cgroup v1 or v2, rlimit per process,
+    namespace, seccomp); exit 1 where it refuses."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from assay.sandbox.cli_support import sandbox_report
+
+    text, ok = sandbox_report()
+    print(text)
+    raise typer.Exit(0 if ok else 1)
 
 
 @sandbox_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

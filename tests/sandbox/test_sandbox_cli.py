@@ -1,4 +1,5 @@
-"""`assay sandbox run` and `assay bench sandbox`, through the plain functions the CLI calls."""
+"""`assay sandbox` (what enforces each limit), `assay sandbox run` and `assay bench sandbox`, through the plain
+functions the CLI calls."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from assay.bench.sandbox import Timing, measure, run_sandbox_bench
 from assay.sandbox import Limits
 from assay.sandbox.base import EXITED, OOM, SANDBOX_ERROR, TIMEOUT, ExecResult
-from assay.sandbox.cli_support import exit_code, run_command
+from assay.sandbox.cli_support import enforcement, exit_code, run_command, sandbox_report
 
 
 def test_exit_codes_follow_shell_conventions() -> None:
@@ -41,3 +42,52 @@ def test_bench_prints_every_row(isolated: None) -> None:
                 "throughput, 1 concurrent", "throughput, 2 concurrent"):
         assert row in text
     assert len(re.findall(r"\d+\.\d\dx", text)) == 7  # a ratio on every row
+
+
+LIMITS = ["memory", "processes", "CPU time", "wall time", "file size", "disk", "open files", "output", "network",
+          "filesystem", "system calls", "privileges"]
+
+
+@pytest.mark.parametrize(("cgroups", "memory", "processes"), [
+    ("v1", "cgroup v1", "cgroup v1"), ("v2", "cgroup v2", "cgroup v2"),
+    ("none", "rlimit per process", "rlimit per process"), (None, "rlimit per process", "none")])
+def test_each_limit_names_what_enforces_it(cgroups: str | None, memory: str, processes: str) -> None:
+    rows = dict(enforcement(cgroups))
+    assert list(rows) == LIMITS
+    assert rows["memory"].startswith(memory) and rows["processes"].startswith(processes)
+    assert rows["CPU time"].startswith("rlimit per process")
+    isolated = cgroups is not None
+    assert rows["network"].startswith("namespace" if isolated else "none")
+    assert rows["system calls"] == ("seccomp" if isolated else "none")
+
+
+def test_assay_sandbox_reports_this_hosts_mechanisms(isolated: None) -> None:
+    from typer.testing import CliRunner
+
+    from assay.cli import app
+    from assay.sandbox.client import get_launcher
+
+    result = CliRunner().invoke(app, ["sandbox"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "namespace sandbox"
+    expected = {"v1": "cgroup v1", "v2": "cgroup v2", "none": "rlimit per process"}[get_launcher().cgroups]
+    rows = dict(enforcement(get_launcher().cgroups))
+    assert [line.split(None, 1) for line in lines[1:3]] == [["memory", rows["memory"]],
+                                                          ["processes", rows["processes"]]]
+    assert rows["memory"].startswith(expected) and rows["processes"].startswith(expected)
+
+
+def test_assay_sandbox_says_why_it_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    import assay.sandbox as sandbox_pkg
+    from assay.sandbox.client import NO_CGROUP
+
+    monkeypatch.setitem(sandbox_pkg._state, "problem", NO_CGROUP)  # as isolation_problem() finds on such a host
+    monkeypatch.setitem(sandbox_pkg._state, "unsafe", False)
+    text, ok = sandbox_report()
+    assert not ok and text.startswith("no sandbox: cannot isolate") and "--per-process-limits" in text
+    monkeypatch.setitem(sandbox_pkg._state, "unsafe", True)
+    monkeypatch.setitem(sandbox_pkg._state, "warned", True)
+    text, ok = sandbox_report()
+    assert ok and text.splitlines()[0].startswith("NO isolation")
+    assert ["processes", "none"] in [line.split(None, 1) for line in text.splitlines()]

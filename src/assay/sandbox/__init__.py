@@ -5,19 +5,21 @@ with a message that says how to fix it; only an explicit unsafe opt-in gets the 
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
 
 from assay.core.errors import AssayError
 from assay.sandbox.base import ExecResult, Limits, Sandbox
-from assay.sandbox.client import SandboxUnavailable
+from assay.sandbox.client import PER_PROCESS_ENV, SandboxUnavailable, per_process_limits_allowed
 from assay.sandbox.namespace import NamespaceSandbox, NsSnapshot, SandboxError
 from assay.sandbox.pool import SandboxPool
 from assay.sandbox.process import ProcessSandbox
 
 _FIX = ("The namespace sandbox needs root (or CAP_SYS_ADMIN) with user, mount, PID and network namespaces, "
-        "overlayfs and tmpfs: run as root on the host, or in a container started with --privileged. To run "
+        "overlayfs, tmpfs, and cgroup v1 memory and pids or a delegated cgroup v2 subtree with them: run as root on "
+        "the host, or in a container started with --privileged. To run "
         "without isolation anyway, for trusted code only, pass --unsafe-no-sandbox.")
 _state: dict[str, object] = {"unsafe": False, "warned": False}
 _lock = threading.Lock()
@@ -26,6 +28,16 @@ _lock = threading.Lock()
 def allow_unsafe_sandbox(enabled: bool = True) -> None:
     """What --unsafe-no-sandbox sets: open_sandbox falls back to ProcessSandbox where isolation fails."""
     _state["unsafe"] = enabled
+
+
+def allow_per_process_limits(enabled: bool = True) -> None:
+    """What --per-process-limits sets: where no cgroup (v1, or a delegated v2 subtree) can cap a sandbox's whole
+    process tree, its memory and processes are capped per process (rlimits) instead of the sandbox refusing.
+    An environment variable, so that the processes this one starts (supervised restarts, workers) inherit it."""
+    if enabled:
+        os.environ[PER_PROCESS_ENV] = "1"
+    else:
+        os.environ.pop(PER_PROCESS_ENV, None)
 
 
 def unsafe_allowed() -> bool:
@@ -65,5 +77,5 @@ def open_sandbox(limits: Limits | None = None, template: str | Path | NsSnapshot
 
 
 __all__ = ["ExecResult", "Limits", "NamespaceSandbox", "NsSnapshot", "ProcessSandbox", "Sandbox", "SandboxError",
-           "SandboxPool", "SandboxUnavailable", "allow_unsafe_sandbox", "isolation_problem", "open_sandbox",
-           "unsafe_allowed"]
+           "SandboxPool", "SandboxUnavailable", "allow_per_process_limits", "allow_unsafe_sandbox", "isolation_problem",
+           "open_sandbox", "per_process_limits_allowed", "unsafe_allowed"]

@@ -2,8 +2,9 @@
 number of processes of everything a run starts, and the counters that tell an OOM kill or a refused fork apart
 from the program's own exit. Stdlib only.
 
-Where cgroup v1 is missing (cgroup v2-only hosts, containers without the controllers) the jail falls back to
-rlimits, which cap each process instead of the tree."""
+cgroups2.py does the same in a delegated cgroup v2 subtree, with the same functions; the launcher uses v1 where
+its probe passes, else v2, else neither, and then the host refuses to run sandboxes unless per-process rlimits
+were allowed (client.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 ROOT = "/sys/fs/cgroup"  # the launcher moves it into its own view
 PARENT = "assay"
 CONTROLLERS = ("memory", "pids")
+VERSION = "v1"
 
 
 def available() -> bool:
@@ -20,6 +22,8 @@ def available() -> bool:
     root), and there the jail falls back to rlimits rather than failing every sandbox."""
     probe = f"{os.getpid()}-probe"  # named as a launcher's are, so that sweep() removes one a crash left
     try:
+        if not all(os.path.isdir(f"{ROOT}/{ctl}") for ctl in CONTROLLERS):
+            return False  # not mounted: on a cgroup2 ROOT, makedirs would make cgroups named "memory" and "pids"
         for ctl in CONTROLLERS:
             os.makedirs(f"{ROOT}/{ctl}/{PARENT}", exist_ok=True)
         create(probe, 64 << 20, 64)
@@ -105,13 +109,18 @@ def sweep() -> None:
                 remove(name)
 
 
-class Counters:
-    """The sandbox's OOM kills and refused forks, read at the start of a run and again at its end. Opened while
-    their paths are in sight: a run reads them after it has pivoted away."""
+def counters(name: str) -> Counters:
+    return Counters(f"{_path('memory', name)}/memory.oom_control", f"{_path('pids', name)}/pids.events")
 
-    def __init__(self, name: str) -> None:
-        self._oom = os.open(f"{_path('memory', name)}/memory.oom_control", os.O_RDONLY)
-        self._pids = os.open(f"{_path('pids', name)}/pids.events", os.O_RDONLY)
+
+class Counters:
+    """A sandbox's OOM kills and refused forks ("oom_kill N" and "max N" lines, in v1 and v2 alike), read at the
+    start of a run and again at its end. Opened while their paths are in sight: a run reads them after it has
+    pivoted away."""
+
+    def __init__(self, oom_file: str, pids_file: str) -> None:
+        self._oom = os.open(oom_file, os.O_RDONLY)
+        self._pids = os.open(pids_file, os.O_RDONLY)
         self._start = self._read()
 
     def _read(self) -> tuple[int, int]:

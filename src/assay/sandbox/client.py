@@ -15,11 +15,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from assay.core.errors import AssayError
-from assay.sandbox import cgroups, protocol
+from assay.sandbox import cgroups, cgroups2, protocol
 
 # The launcher imports only stdlib and its own sandbox modules; registering the two packages by path skips
 # assay/__init__.py and assay/sandbox/__init__.py, which may import heavier things. A sandboxed program can read
@@ -45,6 +45,20 @@ _SRC = str(Path(__file__).resolve().parents[2])
 _PREFIX = "assay-sandbox-"
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # nothing of the host's environment
 START_TIMEOUT_S = 15.0
+PER_PROCESS_ENV = "ASSAY_SANDBOX_PER_PROCESS_LIMITS"  # "1": rlimits where no cgroup caps the whole process tree
+NO_CGROUP = ("no cgroup can cap the memory and process count of a sandbox's whole process tree here (cgroup v1: no "
+             "usable memory and pids hierarchies; cgroup v2: our cgroup lacks the memory and pids controllers, or "
+             "they cannot be enabled for its children). Run as root where cgroup v1 mounts memory and pids, or in a "
+             "delegated cgroup v2 subtree with memory and pids (a systemd unit with Delegate=yes, a container with "
+             "its own cgroup namespace); or, to cap each process instead (rlimits, which many processes together "
+             f"can exceed), set {PER_PROCESS_ENV}=1 or pass --per-process-limits")
+_CGROUPS = {cgroups.VERSION: cgroups, cgroups2.VERSION: cgroups2}
+_warned_per_process = False
+
+
+def per_process_limits_allowed(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether a sandbox may run with per-process rlimits where no cgroup can cap its process tree."""
+    return environ.get(PER_PROCESS_ENV, "0").strip() not in ("", "0")
 
 
 class SandboxUnavailable(AssayError):
@@ -70,12 +84,17 @@ class Launcher:
         except OSError:
             pass  # it died at start: its first line (none) says so
         Path(self.dir, "pid").write_text(str(self.proc.pid))  # for _sweep_dirs, should we die uncleanly
-        self.cgroups = False
+        self.cgroups = "none"  # what caps memory and processes: "v1", "v2" (cgroups), or "none" (rlimits)
         line = self._first_line()
         if not line.startswith("ready"):
             self.close()
             raise SandboxUnavailable(line.removeprefix("error: ") or "the sandbox launcher exited at start")
-        self.cgroups = "cgroups=1" in line
+        self.cgroups = line.partition("cgroups=")[2].split(" ")[0] or "none"
+        if self.cgroups == "none":
+            if not per_process_limits_allowed():
+                self.close()
+                raise SandboxUnavailable(NO_CGROUP)
+            _warn_per_process()
 
     def _first_line(self) -> str:
         assert self.proc.stdout is not None
@@ -139,8 +158,16 @@ class Launcher:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         shutil.rmtree(self.dir, ignore_errors=True)
-        if self.cgroups:
-            cgroups.sweep()  # the launcher's sandboxes' cgroups, now that it is gone
+        if self.cgroups in _CGROUPS:
+            _CGROUPS[self.cgroups].sweep()  # the launcher's sandboxes' cgroups, now that it is gone
+
+
+def _warn_per_process() -> None:
+    global _warned_per_process
+    if not _warned_per_process:
+        _warned_per_process = True
+        print(f"WARNING: no cgroup caps the sandbox's process tree here; memory and processes are capped per "
+              f"process ({PER_PROCESS_ENV}=1)", file=sys.stderr)
 
 
 async def _arecv(reader: asyncio.StreamReader) -> tuple[dict, list[bytes]]:

@@ -24,6 +24,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, TypeVar
 
 from assay.sandbox import cgroups, kernel, protocol, seccomp
@@ -52,7 +53,7 @@ def own_dir(path: str, mode: int = 0o755) -> None:
     os.chmod(path, mode)
 
 
-def worker(exec_sock: socket.socket, notify_w: int, launcher_pid: int) -> None:
+def worker(exec_sock: socket.socket, notify_w: int, launcher_pid: int, cg: ModuleType | None) -> None:
     """pid 1 of a fresh PID namespace: stage, serve one request, exit (and the namespace with us)."""
     kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
     if _host_ppid() != launcher_pid:  # it died before we asked to die with it
@@ -78,7 +79,7 @@ def worker(exec_sock: socket.socket, notify_w: int, launcher_pid: int) -> None:
         req, blobs = protocol.recv(conn)
         if problem is not None:
             raise RuntimeError(problem)
-        header, out = _serve(conn, req, blobs, launcher_pid)
+        header, out = _serve(conn, req, blobs, launcher_pid, cg)
         if header is not None:
             header["pid"] = host_pid
     except Exception as e:  # the host gets every failure as an answer
@@ -110,7 +111,8 @@ def _prestage() -> None:
     kernel.mount(f"{ROOT}/dev/null", f"{ROOT}/proc/cmdline", None, kernel.MS_BIND)
 
 
-def _serve(conn: socket.socket, req: dict, files: list[bytes], launcher_pid: int) -> tuple[dict | None, list]:
+def _serve(conn: socket.socket, req: dict, files: list[bytes], launcher_pid: int, cg: ModuleType | None,
+           ) -> tuple[dict | None, list]:
     lim = req["limits"]
     started = time.monotonic()
     vol = f"/v/{req['volume']}"
@@ -129,18 +131,20 @@ def _serve(conn: socket.socket, req: dict, files: list[bytes], launcher_pid: int
             own_dir(f"/{layer}")
     own_dir(f"{vol}/{upper}")
     os.makedirs(f"{vol}/{work}", 0o700, exist_ok=True)
+    # The cgroup files are opened before we join the sandbox's cgroup namespace: cgroup v2 checks a move against
+    # the namespace its file was opened in (with nsdelegate), and from inside that one our own cgroup is out of sight.
+    counters, cgroup_moves = None, None
+    if req["cgroup"]:
+        if cg is None or not NAME.fullmatch(req["cgroup"]):
+            raise ValueError("bad cgroup name")
+        counters = cg.counters(req["cgroup"])
+        cgroup_moves = cg.procs_files(req["cgroup"]), cg.procs_files(None)
     # The sandbox's own network namespace (loopback only) and cgroup namespace (its cgroup seen as "/"), kept by the
     # launcher across its runs.
     for key, kind in (("netns", kernel.CLONE_NEWNET), ("cgroupns", kernel.CLONE_NEWCGROUP)):
         fd = os.open(f"/proc/{launcher_pid}/fd/{int(req[key])}", os.O_RDONLY)
         kernel.setns(fd, kind)
         os.close(fd)
-    counters, cgroup_moves = None, None
-    if req["cgroup"]:
-        if not NAME.fullmatch(req["cgroup"]):
-            raise ValueError("bad cgroup name")
-        counters = cgroups.Counters(req["cgroup"])
-        cgroup_moves = cgroups.procs_files(req["cgroup"]), cgroups.procs_files(None)
     # Layers named by open fds: the sandbox's mount table then shows /proc/self/fd/N, not the launcher's layout
     # (whose volume names are also its cgroups'), and the options stay under a page however deep the stack.
     layers = [os.open(path, os.O_PATH | os.O_DIRECTORY)

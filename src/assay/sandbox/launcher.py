@@ -14,8 +14,9 @@ import signal
 import socket
 import struct
 import sys
+from types import ModuleType
 
-from assay.sandbox import cgroups, jail, kernel, protocol
+from assay.sandbox import cgroups, cgroups2, jail, kernel, protocol
 
 # Host files a program may need, copied; the rest of /etc (shadow, keys, configs) stays out.
 ETC_SHARED = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "mime.types", "protocols",
@@ -96,7 +97,14 @@ SPARE_SANDBOXES = 2  # made ahead of demand, of the kind last asked for
 STAGING_NICE = 5  # a spare being staged yields to the runs being served (a worker undoes it when it serves)
 
 
-def _setup(run_dir: str) -> tuple[socket.socket, socket.socket, bool]:
+def choose_cgroups() -> ModuleType | None:
+    """The cgroup module that caps a sandbox's whole process tree here: v1 where its probe passes (hybrid hosts,
+    as before v2 was supported), else v2 where our cgroup is a delegated subtree, else None (the host then
+    refuses, unless per-process rlimits were allowed: client.py)."""
+    return next((cg for cg in (cgroups, cgroups2) if cg.available()), None)
+
+
+def _setup(run_dir: str) -> tuple[socket.socket, socket.socket, ModuleType | None]:
     """Build the store (a private tmpfs), then pivot into it: from here on the launcher, and every worker it
     forks, sees only the sandbox root, the workspace volumes, templates, its own /proc and the cgroup trees."""
     store = f"{run_dir}/store"
@@ -111,12 +119,15 @@ def _setup(run_dir: str) -> tuple[socket.socket, socket.socket, bool]:
     kernel.mount("tmpfs", f"{store}/v", "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV, "mode=0755,size=1m")
     kernel.mount(None, f"{store}/v", None, kernel.MS_SHARED)  # staged workers see volumes mounted later
     kernel.mount("proc", f"{store}/proc", "proc", kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC)
-    use_cgroups = cgroups.available()
-    if use_cgroups:
-        cgroups.sweep()
+    cg = choose_cgroups()
+    if cg is not None:
+        cg.sweep()
+    if cg is cgroups:
         for ctl in cgroups.CONTROLLERS:
             os.mkdir(f"{store}/cg/{ctl}")
             kernel.mount(f"{cgroups.ROOT}/{ctl}", f"{store}/cg/{ctl}", None, kernel.MS_BIND)
+    elif cg is cgroups2:  # our delegated cgroup only, not the host's whole tree
+        kernel.mount(cgroups2.DIR, f"{store}/cg", None, kernel.MS_BIND)
     socks = []
     for name in ("exec.sock", "ctl.sock"):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -127,8 +138,8 @@ def _setup(run_dir: str) -> tuple[socket.socket, socket.socket, bool]:
     kernel.pivot_root(".", ".")
     kernel.umount(".")
     os.chdir("/")
-    cgroups.ROOT = "/cg"
-    return socks[0], socks[1], use_cgroups
+    cgroups.ROOT = cgroups2.DIR = "/cg"
+    return socks[0], socks[1], cg
 
 
 def _peer_ok(conn: socket.socket) -> bool:  # the socket's directory is root-only already; belt and braces
@@ -140,11 +151,11 @@ class _Sandboxes:
     """Per sandbox: its volume (a tmpfs under /v), network and cgroup namespaces (open fds) and cgroup. A couple of
     spares of the kind last asked for are made while idle, so that creating a sandbox costs one round trip."""
 
-    def __init__(self, use_cgroups: bool) -> None:
-        self.use_cgroups = use_cgroups
+    def __init__(self, cg: ModuleType | None) -> None:
+        self.cg = cg
         self.host_net = os.open("/proc/self/ns/net", os.O_RDONLY)
         self.host_cgroupns = os.open("/proc/self/ns/cgroup", os.O_RDONLY)
-        self.home = cgroups.home() if use_cgroups else None
+        self.home = cg.home() if cg else None
         self.netns: dict[str, int] = {}
         self.cgroupns: dict[str, int] = {}
         self.spares: list[dict] = []
@@ -175,9 +186,9 @@ class _Sandboxes:
         finally:
             kernel.setns(self.host_net, kernel.CLONE_NEWNET)
         cgroup = None
-        if self.use_cgroups:
+        if self.cg:
             cgroup = f"{os.getpid()}-{name}"
-            cgroups.create(cgroup, memory_mb << 20, max_procs)
+            self.cg.create(cgroup, memory_mb << 20, max_procs)
         self.cgroupns[name] = self._cgroup_namespace(cgroup)
         return {"name": name, "netns": self.netns[name], "cgroupns": self.cgroupns[name], "cgroup": cgroup}
 
@@ -185,7 +196,7 @@ class _Sandboxes:
         """A cgroup namespace rooted at the sandbox's cgroup (without one, at ours, where its runs stay): its
         programs see their cgroups as "/", and nothing of the host's tree. The root is the cgroup its maker is in,
         so we step into the sandbox's for a moment, here rather than in each run."""
-        procs = cgroups.procs_files(cgroup) if cgroup and self.home else []
+        procs = self.cg.procs_files(cgroup) if self.cg and cgroup and self.home else []
         try:
             cgroups.move_self(procs)
             kernel.unshare(kernel.CLONE_NEWCGROUP)
@@ -209,12 +220,12 @@ class _Sandboxes:
         for fds in (self.netns, self.cgroupns):
             if name in fds:
                 os.close(fds.pop(name))
-        if self.use_cgroups:
+        if self.cg:
             self.stale_cgroups.add(f"{os.getpid()}-{name}")
             self.sweep()
 
     def sweep(self) -> None:
-        self.stale_cgroups = {name for name in self.stale_cgroups if not cgroups.remove(name)}
+        self.stale_cgroups = {name for name in self.stale_cgroups if not (self.cg and self.cg.remove(name))}
 
 
 def main(run_dir: str) -> None:
@@ -225,13 +236,13 @@ def main(run_dir: str) -> None:
         return
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        exec_sock, ctl_sock, use_cgroups = _setup(run_dir)
-        sandboxes = _Sandboxes(use_cgroups)
+        exec_sock, ctl_sock, cg = _setup(run_dir)
+        sandboxes = _Sandboxes(cg)
         own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
     except OSError as e:
         print(f"error: {e}", flush=True)
         return
-    print(f"ready cgroups={int(use_cgroups)}", flush=True)
+    print(f"ready cgroups={cg.VERSION if cg else 'none'}", flush=True)
     os.dup2(devnull, 1)  # nobody reads our stdout past the ready line
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps our workers
     notify_r, notify_w = os.pipe()  # a worker that took a request writes its pid here
@@ -251,7 +262,7 @@ def main(run_dir: str) -> None:
                         _close_fds_but(0, 1, 2, exec_sock.fileno(), notify_w)
                         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                         os.nice(STAGING_NICE)
-                        jail.worker(exec_sock, notify_w, me)
+                        jail.worker(exec_sock, notify_w, me, cg)
                     finally:
                         os._exit(0)
             finally:
