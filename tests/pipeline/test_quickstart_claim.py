@@ -33,6 +33,8 @@ def _no_e_run(tmp_path, lr: float, name: str):
 def test_rl_lifts_a_policy_with_signal_and_the_report_says_so(tmp_path):
     (row,) = _no_e_run(tmp_path, lr=1e-2, name="lift")
     assert row["verdict"] == "lift" and row["delta"]["low"] > 0.3, row  # measured: +0.62 [+0.55, +0.69]
+    summary = json.loads((tmp_path / "lift" / "summary.json").read_text())
+    assert summary["held_out"] and "SFT data" not in summary["overlap"]  # sft.steps: 0 trained on nothing
 
 
 @pytest.mark.slow

@@ -69,6 +69,8 @@ def training_task_ids(run_dir: Path) -> dict[str, set[str]]:
                                              .to_pylist()}
         if (d / "policy").is_dir() and (d / "config.yaml").is_file():  # an SFT run (assay sft, quickstart's sft/)
             cfg = load_config(d / "config.yaml", [])
+            if cfg.sft.steps == 0:  # the starting policy saved as it came: it saw no SFT data
+                continue
             ids[f"{d.name} SFT data"] = {t.task_id for ts in sft_tasks(cfg, domain_envs(cfg)).values() for t in ts}
     return ids
 
