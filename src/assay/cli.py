@@ -28,10 +28,12 @@ sandbox_app = typer.Typer(invoke_without_command=True, help="The sandbox model-w
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: ratios measured side by side in one run.")
 env_app = typer.Typer(no_args_is_help=True, help="Environments: list, show, and the QA gate.")
 model_app = typer.Typer(no_args_is_help=True, help="Bring a pretrained model in as a Hugging Face directory.")
+config_app = typer.Typer(no_args_is_help=True, help="The run configuration's reference, from its models.")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(bench_app, name="bench")
 app.add_typer(env_app, name="env")
 app.add_typer(model_app, name="model")
+app.add_typer(config_app, name="config")
 
 
 @app.callback()
@@ -379,6 +381,20 @@ def model_import(source: Annotated[str, typer.Argument(help="a .gguf file, or a 
     from assay.core.gguf_import import import_gguf
 
     console.print(f"wrote {import_gguf(source, out)}")
+
+
+@config_app.command("reference")
+def config_reference(out: Annotated[Path | None, typer.Option(
+        help="write the markdown here (docs/configuration.md in the repository) instead of to stdout")] = None) -> None:
+    """Every config key (type, default, constraints, meaning) as markdown, from the config models' descriptions."""
+    from assay.core.config_reference import render
+
+    text = render()
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+        console.print(f"wrote {out}")
 
 
 @env_app.command("list")

@@ -19,24 +19,29 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
-    path: str | None = None  # a local Hugging Face model directory or .gguf file; None: build from the fields below
-    arch: Literal["qwen2", "llama"] = "qwen2"
-    hidden_size: int = Field(128, gt=0)
-    num_layers: int = Field(2, gt=0)
-    num_heads: int = Field(4, gt=0)
-    num_kv_heads: int = Field(2, gt=0)
-    intermediate_size: int = Field(384, gt=0)
-    max_position: int = Field(1024, gt=0)
-    vocab_size: int = Field(1024, ge=300)  # the locally trained byte-level BPE tokenizer's size
-    tokenizer_corpus: int = Field(2000, gt=0)  # generated tasks per domain to train the tokenizer on
-    # where and how the policy, the reference model and the engine hold their weights
-    device: str = "cpu"  # "cpu", "cuda", "cuda:1", ...
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # sdpa by default: no slower than eager for the tiny built models (docs/architecture.md, Threads)
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
-    # variables for the tokenizer's chat template wherever a prompt or turn layout is rendered, e.g.
-    # {enable_thinking: false} for Qwen3's non-thinking mode (core.chat_format.set_template_kwargs)
-    chat_template_kwargs: dict[str, Any] = {}
+    path: str | None = Field(None, description=(
+        "A local Hugging Face model directory, a `.gguf` file, or a packaged model's name (`smollm2`); never the "
+        "network; none: build a tiny model from the architecture keys below and train its tokenizer"))
+    arch: Literal["qwen2", "llama"] = Field("qwen2", description="Built model (`path` none): architecture family")
+    hidden_size: int = Field(128, gt=0, description="Built model: hidden size; must divide by `num_heads`")
+    num_layers: int = Field(2, gt=0, description="Built model: decoder layers")
+    num_heads: int = Field(4, gt=0, description="Built model: attention heads; must divide by `num_kv_heads`")
+    num_kv_heads: int = Field(2, gt=0, description="Built model: key/value heads (grouped-query attention)")
+    intermediate_size: int = Field(384, gt=0, description="Built model: the MLP's inner size")
+    max_position: int = Field(1024, gt=0, description="Built model: the longest sequence it has positions for")
+    vocab_size: int = Field(1024, ge=300, description="Built model: size of its locally trained byte-level BPE "
+                                                      "tokenizer")
+    tokenizer_corpus: int = Field(2000, gt=0, description="Built model: generated tasks per domain (training "
+                                                          "partition) the tokenizer is trained on")
+    device: str = Field("cpu", description="Where the policy, the reference model and the engine hold their weights: "
+                                           "`cpu`, `cuda`, `cuda:N`")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="The weights' dtype there")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field("sdpa", description=(
+        "The transformers attention implementation; `sdpa` is no slower than `eager` for the tiny built models "
+        "(docs/architecture.md, Threads)"))
+    chat_template_kwargs: dict[str, Any] = Field({}, description=(
+        "Variables for the tokenizer's chat template wherever a prompt or turn layout is rendered, e.g. "
+        "`{enable_thinking: false}` for Qwen3's non-thinking mode (core.chat_format.set_template_kwargs)"))
 
     @model_validator(mode="after")
     def _heads(self) -> ModelConfig:
@@ -46,13 +51,15 @@ class ModelConfig(_Strict):
 
 
 class DifficultyRange(_Strict):
-    min: int = 1
-    max: int = 4
-    start: int = 1
-    review: float = Field(0.0, ge=0, lt=1)  # share of tasks drawn from the levels below the current one
-    # curriculum: start at `start`, promote and demote on the rolling pass rate; uniform: every level
-    # of [min, max] in equal parts for the whole run (the levels evaluation samples)
-    schedule: Literal["curriculum", "uniform"] = "curriculum"
+    min: int = Field(1, description="Lowest level of the range")
+    max: int = Field(4, description="Highest level of the range")
+    start: int = Field(1, description="Level the curriculum starts at; `min <= start <= max`")
+    review: float = Field(0.0, ge=0, lt=1, description="Share of tasks drawn uniformly from the levels below the "
+                                                       "current one (against forgetting)")
+    schedule: Literal["curriculum", "uniform"] = Field("curriculum", description=(
+        "`curriculum`: start at `start`, promote and demote on the rolling pass rate (the domain's `acceptance` "
+        "and `regression`); `uniform`: every level of [`min`, `max`] in equal parts for the whole run (the levels "
+        "evaluation samples)"))
 
     def levels(self, available: Sequence[int]) -> list[int]:
         """The environment's levels that fall in this range."""
@@ -66,93 +73,120 @@ class DifficultyRange(_Strict):
 
 
 class RewardTerm(_Strict):
-    fn: str  # verifier | format | length | package.module:function (see assay.envs.rewards)
-    weight: float = 1.0
+    fn: str = Field(description=(
+        "Built in: `verifier`, `format` (ended on its own answer, no tool error), `length` (minus the share of the "
+        "token budget used); or `package.module:function` (see assay.envs.rewards)"))
+    weight: float = Field(1.0, description="The term's weight in the sum")
 
 
 class DomainConfig(_Strict):
-    name: str
-    env: str  # name or name@version in the environment registry
-    weight: float = Field(1.0, ge=0)
-    group_size: int = Field(8, ge=2)
-    max_new_tokens: int = Field(64, gt=0)  # per assistant turn
-    max_turns: int = Field(1, gt=0)
-    max_context: int = Field(512, gt=0)
-    # wall-clock budget of one episode in seconds, checked after each turn (None: no limit); an episode
-    # past it stops acting and is verified as it stands, like one that ran out of turns
-    time_limit_s: float | None = Field(None, gt=0)
-    # a verification past this many seconds gives its episode an infrastructure status (never a reward)
-    verify_timeout_s: float = Field(120.0, gt=0)
-    difficulty: DifficultyRange = DifficultyRange()
-    # training reward as a weighted sum of terms (empty: the verifier's score alone); `passed` stays the verifier's
-    rewards: list[RewardTerm] = Field(default_factory=list)
-    acceptance: float = Field(0.8, gt=0, le=1)  # rolling pass rate that promotes difficulty
-    regression: float = Field(0.3, ge=0, lt=1)  # rolling pass rate below which difficulty drops
-    env_args: dict[str, Any] = {}  # passed to the environment's constructor (e.g. jsonl's path)
+    name: str = Field(description="Domain name, unique in the run; overrides address the domain by it "
+                                  "(`domains.NAME.key=value`)")
+    env: str = Field(description="Environment: `name` or `name@version` in the environment registry")
+    weight: float = Field(1.0, ge=0, description="Static mixer: the domain's ratio weight; adaptive: a prior on "
+                                                 "its ratio")
+    group_size: int = Field(8, ge=2, description="Samples per task (the GRPO group)")
+    max_new_tokens: int = Field(64, gt=0, description="Tokens sampled per assistant turn")
+    max_turns: int = Field(1, gt=0, description="Assistant turns per episode")
+    max_context: int = Field(512, gt=0, description="Tokens per episode")
+    time_limit_s: float | None = Field(None, gt=0, description=(
+        "Wall-clock budget of one episode in seconds, checked after each turn (none: no limit); an episode past it "
+        "stops acting and is verified as it stands, like one that ran out of turns"))
+    verify_timeout_s: float = Field(120.0, gt=0, description=(
+        "A verification running longer than this many seconds gives its episode `verifier_error` (an "
+        "infrastructure status, never a reward) and the run goes on"))
+    difficulty: DifficultyRange = Field(DifficultyRange(), description=(
+        "The domain's difficulty levels: the range its curriculum moves in, and how"))
+    rewards: list[RewardTerm] = Field(default_factory=list, description=(
+        "Training reward as a weighted sum of terms, e.g. `[{fn: verifier}, {fn: length, weight: 0.1}, "
+        "{fn: mypkg.rewards:polite, weight: 0.5}]`; empty: the verifier's score alone. Each term is logged as "
+        "`domain/NAME/term_FN`; `passed` and pass rates stay the verifier's"))
+    acceptance: float = Field(0.8, gt=0, le=1, description="Rolling pass rate that promotes difficulty")
+    regression: float = Field(0.3, ge=0, lt=1, description="Rolling pass rate below which difficulty drops")
+    env_args: dict[str, Any] = Field({}, description=(
+        "Passed to the environment's constructor (e.g. `jsonl`: `path`, `matcher`, `category`)"))
 
 
 class MixerConfig(_Strict):
-    strategy: Literal["static", "adaptive"] = "adaptive"
-    floor: float = Field(0.1, ge=0, lt=1)  # adaptive: minimum share of any domain
-    progress_window: int = Field(4, gt=0)  # steps over which learning progress is measured
-    smoothing: float = Field(0.5, ge=0, le=1)  # adaptive: how fast ratios move towards the target
-    curriculum_window: int = Field(32, gt=0)  # trajectories in a domain's rolling pass rate
-    seesaw_margin: float = Field(0.15, ge=0, le=1)
+    strategy: Literal["static", "adaptive"] = Field("adaptive", description=(
+        "`static`: the domains' normalized weights; `adaptive`: shares move towards learning progress"))
+    floor: float = Field(0.1, ge=0, lt=1, description="Adaptive: minimum share of every domain")
+    progress_window: int = Field(4, gt=0, description="Steps over which learning progress is measured")
+    smoothing: float = Field(0.5, ge=0, le=1, description="Adaptive: how fast ratios move towards the target")
+    curriculum_window: int = Field(32, gt=0, description="Trajectories in a domain's rolling pass rate")
+    seesaw_margin: float = Field(0.15, ge=0, le=1, description=(
+        "A domain's pass-rate fall by more than this over the progress window, while another's rises by more "
+        "(each at an unchanged level), raises a warning"))
 
 
 class LossConfig(_Strict):
-    kind: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
-    eps_low: float = Field(0.2, ge=0)
-    eps_high: float = Field(0.28, ge=0)
-    kl_coef: float = Field(0.0, ge=0)
-    std_normalize: bool = False
-    per_domain_normalize: bool = True
-    aggregation: Literal["token", "sequence"] = "token"
-    # decoupled PPO: clip against the trainer's weights at arrival (the proximal policy), weight by the
-    # truncated importance ratio proximal / behaviour; for stale (async) samples and engine mismatch
-    decoupled: bool = False
-    is_cap: float = Field(2.0, gt=0)  # truncation of that importance weight
+    kind: Literal["grpo", "dr_grpo", "rloo"] = Field("grpo", description="The advantage estimator")
+    eps_low: float = Field(0.2, ge=0, description="Clip range below 1 of the importance ratio")
+    eps_high: float = Field(0.28, ge=0, description="Clip range above 1 (asymmetric: clip-higher)")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL (k3 estimator) to the starting policy")
+    std_normalize: bool = Field(False, description="Divide advantages by their group's std")
+    per_domain_normalize: bool = Field(True, description="Rescale each domain's advantages to unit std")
+    aggregation: Literal["token", "sequence"] = Field("token", description=(
+        "`token`: every token of the batch weighs the same (long answers weigh more); `sequence`: the mean per "
+        "sequence, then over sequences"))
+    decoupled: bool = Field(False, description=(
+        "Decoupled PPO, for stale (async) samples and engine mismatch: clip against the trainer's weights at "
+        "arrival (the proximal policy), weight by the truncated importance ratio proximal / behaviour"))
+    is_cap: float = Field(2.0, gt=0, description="Decoupled: truncation of that importance weight")
 
 
 class LoraConfig(_Strict):
-    rank: int = Field(0, ge=0)  # 0: full fine-tuning; > 0: LoRA adapters of this rank (peft), the base frozen
-    alpha: float = Field(16.0, gt=0)  # the adapters' scale is alpha / rank
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    rank: int = Field(0, ge=0, description=(
+        "0: full fine-tuning; > 0: LoRA adapters of this rank (peft), the base frozen; rollouts and checkpoints use "
+        "the adapters folded into plain weights. Not with `train.sharding: fsdp`"))
+    alpha: float = Field(16.0, gt=0, description="The adapters' scale is alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input")
+    target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                      description="Modules that get adapters: the attention and MLP projections")
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(40, gt=0)
-    groups_per_step: int = Field(8, gt=0)
-    lr: float = Field(3e-4, gt=0)
-    warmup_steps: int = Field(0, ge=0)  # linear LR warmup over the first optimizer steps
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.99)
-    grad_clip: float = Field(1.0, gt=0)
-    micro_batch: int = Field(16, gt=0)  # trajectories per forward; gradients accumulate across
-    updates_per_batch: int = Field(1, gt=0)  # optimizer steps per rollout batch (>1: PPO-style reuse)
-    dynamic_sampling: bool = True  # drop zero-variance groups and refill
-    max_refill_rounds: int = Field(2, ge=0)
-    # refills only from the domains where at least this share of the step's groups so far had reward
-    # variance (so a kept group costs at most 1 / refill_min_yield refill draws); 0: from every domain
-    refill_min_yield: float = Field(0.0, ge=0, le=1)
-    loss: LossConfig = LossConfig()
-    # logits only at the completion tokens, the output head run in recomputed chunks: for real
-    # vocabularies (~150k), where full logits at every position do not fit
-    selective_logprobs: bool = False
-    activation_checkpointing: bool = False  # recompute each layer's activations in backward: memory for time
-    lora: LoraConfig = LoraConfig()
-    ranks: int = Field(1, ge=1)  # data-parallel trainer processes (torch.distributed: gloo on the CPU, nccl on CUDA)
-    # none: every rank holds the whole model and optimizer (gradients all-reduced); fsdp: each rank holds
-    # a shard of them (torch's fully_shard per decoder layer and the root), with ranks: 1 a world of one
-    sharding: Literal["none", "fsdp"] = "none"
-    # where ranks 1 .. ranks-1 run: processes spawned on this machine, or Ray actors on the run's
-    # cluster (pipeline.ray), each asking for rank_cpus
-    rank_workers: Literal["process", "ray"] = "process"
-    rank_cpus: float = Field(1.0, gt=0)
-    bf16: bool = False
-    checkpoint_every: int = Field(10, gt=0)
-    keep_checkpoints: int = Field(2, gt=0)
+    steps: int = Field(40, gt=0, description="RL steps")
+    groups_per_step: int = Field(8, gt=0, description="GRPO groups (tasks) per step")
+    lr: float = Field(3e-4, gt=0, description="AdamW learning rate")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warmup over the first optimizer steps, then constant")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clipping")
+    micro_batch: int = Field(16, gt=0, description="Trajectories per forward pass; gradients accumulate across "
+                                                   "micro-batches")
+    updates_per_batch: int = Field(1, gt=0, description="Optimizer steps per rollout batch (> 1: PPO-style reuse)")
+    dynamic_sampling: bool = Field(True, description="Drop zero-variance groups (nothing to learn) and refill them "
+                                                     "with fresh tasks")
+    max_refill_rounds: int = Field(2, ge=0, description="Dynamic sampling: refill rounds per step at most")
+    refill_min_yield: float = Field(0.0, ge=0, le=1, description=(
+        "Refill only from the domains where at least this share of the step's groups so far had reward variance "
+        "(so a kept group costs at most 1 / refill_min_yield refill draws); 0: from every domain"))
+    loss: LossConfig = Field(LossConfig(), description="The clipped policy-gradient loss and its advantages")
+    selective_logprobs: bool = Field(False, description=(
+        "Logits only at the completion tokens, the output head run in recomputed chunks: for real vocabularies "
+        "(~150k), where full logits at every position do not fit"))
+    activation_checkpointing: bool = Field(False, description=(
+        "Recompute each layer's activations in the backward pass: memory for time"))
+    lora: LoraConfig = Field(LoraConfig(), description="LoRA adapters (peft) in place of full fine-tuning")
+    ranks: int = Field(1, ge=1, description=(
+        "Data-parallel trainer processes (torch.distributed: gloo on the CPU; on CUDA nccl and a GPU per rank, "
+        "rank 0 on the model's, refused when fewer are visible); each takes the gradient of its share of every "
+        "batch"))
+    sharding: Literal["none", "fsdp"] = Field("none", description=(
+        "`none`: every rank holds the whole model and optimizer, gradients all-reduced; `fsdp`: each rank holds a "
+        "shard of the weights, gradients and optimizer state (torch's `fully_shard` per decoder layer and the "
+        "root), the whole weights gathered for the rollout each step and for checkpoints; works with `ranks: 1` "
+        "(a world of one); not with `lora.rank` > 0"))
+    rank_workers: Literal["process", "ray"] = Field("process", description=(
+        "Where ranks 1 .. ranks-1 run: `process`, processes spawned on this machine; `ray`, Ray actors on the "
+        "run's cluster (`pipeline.ray`; CPU models only), each asking for `rank_cpus`"))
+    rank_cpus: float = Field(1.0, gt=0, description="`rank_workers: ray`: CPUs each rank actor asks for")
+    bf16: bool = Field(False, description=(
+        "bf16 autocast in the trainer (log-probs stay float32): for a CPU with AMX or a GPU; without AMX it ran "
+        "10-20x slower than float32 (docs/architecture.md, Threads)"))
+    checkpoint_every: int = Field(10, gt=0, description="Steps between checkpoints")
+    keep_checkpoints: int = Field(2, gt=0, description="How many checkpoints to keep (the newest)")
 
     @model_validator(mode="after")
     def _sharding_without_lora(self) -> TrainConfig:
@@ -169,78 +203,100 @@ class TrainConfig(_Strict):
 
 
 class SFTConfig(_Strict):
-    steps: int = Field(300, ge=0)
-    batch_size: int = Field(32, gt=0)
-    lr: float = Field(2e-3, gt=0)
-    warmup: int = Field(20, ge=0)  # linear warmup steps, then cosine decay to 0 at `steps`
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    # A batch's gradient is accumulated over length buckets of at most this many padded tokens, so short
-    # examples are not padded to the longest one's length (same loss; 0: the whole batch in one pass).
-    micro_batch_tokens: int = Field(1024, ge=0)
-    examples_per_domain: int = Field(2000, gt=0)
-    max_level: int | None = Field(None, ge=1)  # SFT only on levels <= this (None: the domain's whole range)
-    # Share of demonstrations whose response is another task's (same domain and level): the label noise
-    # of demonstrations gathered from people or weaker models, which a verifier's reward can correct.
-    label_noise: float = Field(0.0, ge=0, lt=1)
+    steps: int = Field(300, ge=0, description="SFT optimizer steps; 0: RL starts from `model.path` as it is")
+    batch_size: int = Field(32, gt=0, description="Demonstrations per step")
+    lr: float = Field(2e-3, gt=0, description="AdamW peak learning rate")
+    warmup: int = Field(20, ge=0, description="Linear warmup steps, then cosine decay to 0 at `steps`")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clipping")
+    micro_batch_tokens: int = Field(1024, ge=0, description=(
+        "A batch's gradient is accumulated over length buckets of at most this many padded tokens, so short "
+        "examples are not padded to the longest one's length (same loss); 0: the whole batch in one pass"))
+    examples_per_domain: int = Field(2000, gt=0, description="Demonstrations generated per domain (training "
+                                                             "partition)")
+    max_level: int | None = Field(None, ge=1, description=(
+        "SFT only on levels up to this one (none: each domain's whole difficulty range), leaving the harder levels "
+        "to RL"))
+    label_noise: float = Field(0.0, ge=0, lt=1, description=(
+        "An experiment key: share of demonstrations whose response is another task's (same domain and level), the "
+        "label noise of demonstrations gathered from people or weaker models, which a verifier's reward can "
+        "correct; no shipped config uses it"))
 
 
 class VLLMConfig(_Strict):
-    # tokens per KV block (vLLM's CPU attention takes multiples of 32); the cache holds rollout.kv_cache_mb
-    block_size: int = Field(32, gt=0)
-    enforce_eager: bool = True  # no graph capture or compilation: starts in seconds
-    # the longest sequence vLLM admits (none: the model's max_position_embeddings); vLLM refuses to start when
-    # the KV cache (rollout.kv_cache_mb) cannot hold one sequence this long, so lower it for long-context models
-    max_model_len: int | None = Field(None, gt=0)
+    block_size: int = Field(32, gt=0, description=(
+        "Tokens per KV block (vLLM's CPU attention takes multiples of 32); the cache holds `rollout.kv_cache_mb`"))
+    enforce_eager: bool = Field(True, description="No graph capture or compilation: starts in seconds")
+    max_model_len: int | None = Field(None, gt=0, description=(
+        "The longest sequence vLLM admits (none: the model's max_position_embeddings); vLLM refuses to start when "
+        "the KV cache (`rollout.kv_cache_mb`) cannot hold one sequence this long, so lower it for long-context "
+        "models"))
 
 
 class RolloutConfig(_Strict):
-    # engine: Assay's own (paged KV, prefix cache); hf: transformers generate; vllm: vLLM in this process
-    # (the optional extra `pip install -e '.[vllm]'`, prefix caching on, the trainer's weights loaded by version)
-    backend: Literal["engine", "hf", "vllm"] = "engine"
-    block_size: int = Field(16, gt=0)  # engine: tokens per KV block
-    kv_cache_mb: int = Field(512, gt=0)  # engine: KV cache budget
-    max_batched_tokens: int = Field(2048, gt=0)  # engine: tokens computed per step
-    max_seqs: int = Field(256, gt=0)  # engine: sequences running at once
-    speculative_tokens: int = Field(0, ge=0)  # engine: prompt-lookup draft length (0: off)
-    speculative_max_batch: int = Field(4, gt=0)  # engine: speculate only while this few sequences run
-    # engine: the GEMMs' library; auto takes oneDNN on prepacked weights where it runs (float32 on the
-    # CPU; a packed copy of the weights beside them), torch keeps torch.mm
-    gemm: Literal["auto", "onednn", "torch"] = "auto"
-    # engine: one throwaway step of max_batched_tokens tokens as it starts (the heap grows to a step's
-    # peak once; ~1 s on the rollout bench's 57M-parameter model, more for a large model on the CPU)
-    warm_up: bool = True
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    verifiers: int = Field(16, ge=1)  # finished episodes verified at once (threads; codegen grades those waiting
-    # together in one sandboxed run, so more threads mean larger batches: 16 against 4, 1.17x the sync pipeline)
-    # processes of their own that verify episodes whose verdict reads only the task and the messages (0: the
-    # rollout's threads do); a hung one is killed at the domain's verify_timeout_s, a dead one replaced
-    verifier_processes: int = Field(0, ge=0)
-    vllm: VLLMConfig = VLLMConfig()
+    backend: Literal["engine", "hf", "vllm"] = Field("engine", description=(
+        "`engine`: Assay's own (paged KV cache, prefix cache, continuous batching); `hf`: transformers `generate`; "
+        "`vllm`: vLLM in this process (the `vllm` extra, `pip install -e '.[vllm]'`; prefix caching on, the "
+        "trainer's weights loaded by version)"))
+    block_size: int = Field(16, gt=0, description="Engine: tokens per KV block")
+    kv_cache_mb: int = Field(512, gt=0, description="KV cache budget in MiB, the engine's and vLLM's")
+    max_batched_tokens: int = Field(2048, gt=0, description="Engine: tokens computed per step")
+    max_seqs: int = Field(256, gt=0, description="Engine: sequences running at once")
+    speculative_tokens: int = Field(0, ge=0, description=(
+        "Engine: prompt-lookup speculative decoding (exact acceptance) with drafts of this length; 0: off"))
+    speculative_max_batch: int = Field(4, gt=0, description="Engine: speculate only while at most this many "
+                                                            "sequences run")
+    gemm: Literal["auto", "onednn", "torch"] = Field("auto", description=(
+        "Engine: the GEMMs' library; `auto` runs float32 on the CPU through oneDNN on prepacked weights (a packed "
+        "copy of the weights beside them), and a decode step's few rows on the C kernel's weight panels (one more "
+        "copy, made when first needed); `torch` keeps `torch.mm`"))
+    warm_up: bool = Field(True, description=(
+        "Engine: one throwaway step of `max_batched_tokens` tokens as it starts, so that a step's memory is "
+        "allocated once and kept (docs/experiments.md R15); off saves ~1 s of start-up on a 57M-parameter model, "
+        "more on a large one"))
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (the trainer recomputes log-probs at it)")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling's probability mass; 1: off")
+    top_k: int = Field(0, ge=0, description="Sample among the k likeliest tokens; 0: off")
+    verifiers: int = Field(16, ge=1, description=(
+        "Finished episodes verified at once (threads); codegen grades the candidates waiting together in one "
+        "sandboxed run, so more threads mean larger batches (docs/experiments.md V3)"))
+    verifier_processes: int = Field(0, ge=0, description=(
+        "Verifier processes of their own for the episodes whose verdict reads only the task and the messages "
+        "(tool-less environments: codegen, arith, jsonl); a hung one is killed at the domain's `verify_timeout_s`, "
+        "a dead one replaced and its request issued again once; 0: the rollout's threads verify"))
+    vllm: VLLMConfig = Field(VLLMConfig(), description="vLLM's own settings, for `rollout.backend: vllm`")
 
 
 class RayConfig(_Strict):
-    address: str | None = None  # an existing cluster to join; none starts a local one for the run
-    num_cpus: int | None = Field(None, gt=0)  # a local cluster's CPUs (none: the machine's)
-    rollout_workers: int = Field(1, gt=0)  # actors a step's tasks are split over
-    rollout_cpus: float = Field(1.0, ge=0)  # resources each rollout actor asks for: one placement-group bundle
-    rollout_gpus: float = Field(0.0, ge=0)
-    # how a placement group lays out its bundles over the nodes (Ray's strategies): pack onto as few
-    # nodes as fit, spread over as many, strict_pack on one node, strict_spread on distinct nodes
-    placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
-    # how long a placement group or an added or replaced actor may wait to be placed before it is refused
-    # (none: 120 s); on a cluster with Ray's autoscaler, long enough for new nodes to start
-    placement_wait_s: float | None = Field(None, gt=0)
-    # verifier actors of their own, shared by the rollout actors (0: each rollout actor verifies, on its
-    # threads or rollout.verifier_processes); each asks for verifier_cpus
-    verifier_workers: int = Field(0, ge=0)
-    verifier_cpus: float = Field(1.0, ge=0)
-    # custom resources (Ray's `resources`: a node's label, an accelerator kind) each actor asks for too
-    rollout_resources: dict[str, float] = {}
-    verifier_resources: dict[str, float] = {}
+    address: str | None = Field(None, description=(
+        "An existing cluster to join; none: a local one is started for the run, with no dashboard, Ray's token "
+        "authentication on and a fresh token (Ray's servers listen on every interface)"))
+    num_cpus: int | None = Field(None, gt=0, description="A local cluster's CPUs (none: the machine's)")
+    rollout_workers: int = Field(1, gt=0, description="Rollout actors a step's tasks are split over (`assay scale` "
+                                                      "changes it in a running run)")
+    rollout_cpus: float = Field(1.0, ge=0, description=(
+        "CPUs each rollout actor asks for, in its placement-group bundle (with `rollout_gpus` 0 and no "
+        "`rollout_resources`, above 0)"))
+    rollout_gpus: float = Field(0.0, ge=0, description="GPUs each rollout actor asks for, in the same bundle")
+    placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = Field("pack", description=(
+        "How the actors' placement-group bundles lie over the nodes (Ray's strategies): `pack` onto as few nodes "
+        "as fit, `spread` over as many, `strict_pack` on one node, `strict_spread` on distinct nodes"))
+    placement_wait_s: float | None = Field(None, gt=0, description=(
+        "How long a placement group, or an actor added or replaced mid-run, may wait to be placed before it is "
+        "refused (none: 120 s); on a cluster with Ray's autoscaler (where a pending placement group is the demand "
+        "for nodes), long enough for new nodes to start"))
+    verifier_workers: int = Field(0, ge=0, description=(
+        "Verifier actors of their own, to which every rollout actor sends its episodes that verify anywhere (as "
+        "`rollout.verifier_processes`); Ray restarts one that dies and its calls are issued again (to the rollout "
+        "actor itself when none is left); 0: each rollout actor verifies its own (`assay scale` changes it in a "
+        "running run)"))
+    verifier_cpus: float = Field(1.0, ge=0, description="CPUs each verifier actor asks for")
+    rollout_resources: dict[str, float] = Field({}, description=(
+        "Custom resources (Ray's `resources`: a node's label, an accelerator kind) each rollout actor asks for "
+        "too; amounts > 0; `CPU` and `GPU` have keys of their own"))
+    verifier_resources: dict[str, float] = Field({}, description=(
+        "Custom resources each verifier actor asks for too, as `rollout_resources`"))
 
     @model_validator(mode="after")
     def _bundle_holds_something(self) -> RayConfig:
@@ -259,18 +315,24 @@ class RayConfig(_Strict):
 
 
 class PipelineConfig(_Strict):
-    mode: Literal["sync", "async"] = "sync"  # async: sampling runs ahead of training on its own thread
-    max_staleness: int = Field(1, ge=0)  # async: batches sampled with weights at most this many versions old
-    online: bool = False  # engine: episodes advance on their own, every domain in one batch
-    # async: where the rollout runs; a thread of the trainer's process (sharing its interpreter), a
-    # process of its own (generation, tools and verification beside training, with the run's thread
-    # count), or Ray actors (`ray`, on this machine or a cluster)
-    workers: Literal["thread", "process", "ray"] = "thread"
-    # process, ray: a worker that dies, or runs one request past the timeout (hung), is replaced this
-    # often and its request re-issued
-    worker_restarts: int = Field(3, ge=0)
-    worker_timeout_s: float | None = Field(None, gt=0)
-    ray: RayConfig = RayConfig()
+    mode: Literal["sync", "async"] = Field("sync", description=(
+        "`sync`, or `async`: sampling runs ahead of training on its own thread (docs/architecture.md)"))
+    max_staleness: int = Field(1, ge=0, description=(
+        "Async: a batch is sampled with weights at most this many versions old (0: the synchronous schedule)"))
+    online: bool = Field(False, description=(
+        "Engine: episodes advance on their own (tools and verification overlap generation), every domain in one "
+        "batch"))
+    workers: Literal["thread", "process", "ray"] = Field("thread", description=(
+        "Async: where the rollout (engine, agent loop, tools, verifiers) runs: `thread`, a thread of the trainer's "
+        "process (sharing its interpreter); `process`, a process of its own beside it (with the run's thread "
+        "count); `ray`, Ray actors on this machine or a cluster. Other than `thread` needs `mode: async`"))
+    worker_restarts: int = Field(3, ge=0, description=(
+        "Process, ray: how many times a worker that dies, or runs one request past `worker_timeout_s` (hung), is "
+        "replaced from the last weights sent and its request issued again"))
+    worker_timeout_s: float | None = Field(None, gt=0, description=(
+        "Process, ray: seconds one request may run before its worker counts as hung (none: no limit)"))
+    ray: RayConfig = Field(RayConfig(), description=(
+        "The Ray cluster and its actors, for `pipeline.workers: ray` and `train.rank_workers: ray`"))
 
     @model_validator(mode="after")
     def _workers_need_async(self) -> PipelineConfig:
@@ -281,39 +343,55 @@ class PipelineConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    tasks_per_domain: int = Field(64, gt=0)
-    n: int = Field(8, gt=0)  # samples per task
-    seed: int = 1_000_003  # held-out: disjoint from training seeds
-    temperature: float = Field(1.0, gt=0)
-    # `assay eval --env` builds its domains with these (a run's domains carry their own): enough turns
-    # for the tool environments, where a single turn can only call a tool, never read its result
-    max_turns: int = Field(4, gt=0)
-    # the loophole watch: during training, evaluate on the evaluation partition every N steps and flag a
-    # domain whose training pass rate rises while its held-out one does not. None: four times a run (runs of
-    # 8 steps or more; a shorter one cannot tell a loophole from noise); 0: never
-    every: int | None = Field(None, ge=0)
-    watch_tasks: int = Field(64, gt=0)  # held-out tasks per domain at each watch evaluation
-    watch_n: int = Field(4, gt=0)  # samples per task there (pass@1 only: its standard error is what matters)
-    qa_store: str | None = None  # training's pass rates per env version and level go here; None: RUN/envqa
-    loophole_margin: float = Field(0.1, gt=0)  # a training rise this large with no held-out rise is flagged
+    tasks_per_domain: int = Field(64, gt=0, description="Held-out tasks per domain")
+    n: int = Field(8, gt=0, description="Samples per task (pass@k for every k <= n)")
+    seed: int = Field(1_000_003, description=(
+        "Seed of the evaluation's task draws and sampling, apart from training's (the tasks come from the "
+        "evaluation partition whatever it is)"))
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the evaluation")
+    max_turns: int = Field(4, gt=0, description=(
+        "Turns per episode of the domains `assay eval --env` builds (a run's domains carry their own `max_turns`): "
+        "enough for the tool environments, where a single turn can only call a tool, never read its result"))
+    every: int | None = Field(None, ge=0, description=(
+        "The loophole watch: during training, evaluate on the evaluation partition every N steps and flag a domain "
+        "whose training pass rate rises while its held-out one does not. None: four times a run (runs of 8 steps "
+        "or more; a shorter one cannot tell a loophole from noise), 0 with `rollout.backend: vllm`; 0: never"))
+    watch_tasks: int = Field(64, gt=0, description="Held-out tasks per domain at each watch evaluation")
+    watch_n: int = Field(4, gt=0, description=(
+        "Samples per task at each watch evaluation (pass@1 only: its standard error is what matters)"))
+    qa_store: str | None = Field(None, description=(
+        "Where training's pass rates per environment version and level are logged (none: RUN/envqa); the QA gate "
+        "also looks here for passing records (beside ./envqa and the packaged ones)"))
+    loophole_margin: float = Field(0.1, gt=0, description=(
+        "A training pass-rate rise this large with no held-out rise is flagged"))
 
 
 class Config(_Strict):
-    name: str = "run"
-    seed: int = 0
-    run_dir: str = "runs"
-    threads: int = Field(0, ge=0)  # torch threads; 0 = choose by measuring
-    model: ModelConfig = ModelConfig()
-    domains: list[DomainConfig] = Field(min_length=1)
-    mixer: MixerConfig = MixerConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    pipeline: PipelineConfig = PipelineConfig()
-    train: TrainConfig = TrainConfig()
-    sft: SFTConfig = SFTConfig()
-    eval: EvalConfig = EvalConfig()
-    # environments (name, NAME@VERSION or domain) that may train and be evaluated without a passing QA
-    # record; kept in the run's config and stamped on their trajectories (reward_info["qa_unchecked"])
-    allow_unchecked: list[str] = Field(default_factory=list)
+    name: str = Field("run", description="Run name: the directory under `run_dir`")
+    seed: int = Field(0, description="The run's seed: initial weights, tokenizer corpus, task draws, sampling")
+    run_dir: str = Field("runs", description="Directory runs are written under")
+    threads: int = Field(0, ge=0, description=(
+        "Torch threads; 0: measure 1, 2, 4, ... up to the cores this process may use (its CPU affinity capped by "
+        "its cgroup's CPU quota) on the model and take the fastest, stopping at the first count slower than the "
+        "best so far"))
+    model: ModelConfig = Field(ModelConfig(), description=(
+        "The policy: a pretrained model to load, or the tiny one built from these keys, and where its weights live"))
+    domains: list[DomainConfig] = Field(min_length=1, description=(
+        "The domains trained on: each an environment with its own group size, limits, curriculum and reward; "
+        "names unique"))
+    mixer: MixerConfig = Field(MixerConfig(), description="How each step's groups are shared among the domains")
+    rollout: RolloutConfig = Field(RolloutConfig(), description=(
+        "Sampling: the backend that generates, its limits, and verification"))
+    pipeline: PipelineConfig = Field(PipelineConfig(), description=(
+        "How sampling and training are scheduled, and where the rollout runs"))
+    train: TrainConfig = Field(TrainConfig(), description="RL training: optimizer, batching, loss, ranks, "
+                                                          "checkpoints")
+    sft: SFTConfig = Field(SFTConfig(), description=(
+        "The supervised cold start on reference solutions (`assay sft`, and the quickstart before RL)"))
+    eval: EvalConfig = Field(EvalConfig(), description="Held-out evaluation, and the loophole watch in training")
+    allow_unchecked: list[str] = Field(default_factory=list, description=(
+        "Environments (name, NAME@VERSION or domain) that may train and be evaluated without a passing QA record; "
+        "kept in the run's config and stamped on their trajectories (`reward_info[\"qa_unchecked\"]`)"))
 
     @model_validator(mode="after")
     def _unique_domains(self) -> Config:
@@ -392,7 +470,7 @@ def _format_error(err: ValidationError) -> str:
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"]) or "config"
     if e["type"] == "extra_forbidden":
-        return f"config: unknown key {loc!r}; check its spelling (see README, Configuration)"
+        return f"config: unknown key {loc!r}; check its spelling (see docs/configuration.md)"
     if e["type"] == "missing":
         return f"config: {loc} is required"
     got = e.get("input")
