@@ -78,6 +78,15 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+@pytest.fixture(autouse=True)
+def assay_home(tmp_path_factory, monkeypatch):
+    """Each test its own Assay home (the QA store, evaluation records), in its environment so that the
+    commands it runs inherit it: no test reads or writes the user's ~/.assay, nor another test's records."""
+    home = tmp_path_factory.mktemp("assay-home")
+    monkeypatch.setenv("ASSAY_HOME", str(home))
+    return home
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
     """SmolLM2-135M-Instruct, as the `real` extra ships it, imported once into a Hugging Face directory.

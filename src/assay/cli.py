@@ -12,6 +12,7 @@ from rich.console import Console
 
 from assay.core.config import DomainConfig, EvalConfig
 from assay.core.errors import AssayError
+from assay.core.paths import describe, envqa_store, evals_dir
 
 if TYPE_CHECKING:  # imported lazily at run time: the CLI starts fast
     from assay.core.config import RolloutConfig
@@ -147,7 +148,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
           backend: Annotated[str, typer.Option(help="rollout backend: engine or hf")] = "engine",
           run: Annotated[Path | None, typer.Option(help="runs/NAME that trained the policy: check that no "
                                                    "evaluation task is in its RL trajectories or SFT data")] = None,
-          out: Annotated[Path | None, typer.Option(help="record directory (default: evals/<time>)")] = None,
+          out: Annotated[Path | None, typer.Option(help=f"record directory (default: {describe('evals')}/<time>)")] = None,
           price_prompt: Annotated[float, typer.Option(help="cost per million prompt tokens")] = 0.0,
           price_completion: Annotated[float, typer.Option(help="cost per million completion tokens")] = 0.0,
           html: Annotated[bool, typer.Option(help="also write report.html beside each record")] = False,
@@ -177,7 +178,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
     remote = [Endpoint(endpoint, model, api_key_env)] if endpoint is not None and model is not None else []
     for e in remote:
         e.api_key()  # a named variable that is unset fails here, before anything runs
-    out = out or Path("evals") / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    out = out or evals_dir() / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     settings: dict[str, Any] = {"backend": backend, "seed": seed}
     if target.suffix in (".yaml", ".yml"):
         suite, suite_sha = load_suite(target)
@@ -408,13 +409,15 @@ def env_list() -> None:
 
 @env_app.command("show")
 def env_show(spec: Annotated[str, typer.Argument(help="NAME or NAME@VERSION")],
-             store: Annotated[Path, typer.Option(help="the QA store")] = Path("envqa")) -> None:
+             store: Annotated[Path | None, typer.Option(
+                 help=f"the QA store (default: {describe('envqa')})")] = None) -> None:
     """Category, tools, difficulty levels, hash and the last QA result of an environment."""
     from assay.envs.qa.gate import GATE_VERSION
     from assay.envs.qa.store import gate_version, latest
     from assay.envs.registry import env_hash, env_parts, env_spec, get_env
     from assay.envs.split import SPACE_DRAWS, estimate_space, eval_share
 
+    store = store or envqa_store()
     env = get_env(spec)
     console.print(f"[bold]{env_spec(env)}[/]  category {env.category}  levels {list(env.difficulties)}  hash {env_hash(env)}")
     for tool in env.tools:
@@ -452,7 +455,8 @@ def env_check(spec: Annotated[str | None, typer.Argument(help="NAME or NAME@VERS
               policy: Annotated[Path | None, typer.Option(help="calibrate with this policy instead of a noisy reference")] = None,
               env_arg: Annotated[list[str] | None, typer.Option(help="KEY=VALUE for the environment's constructor, "
                                                                   "e.g. path=data.jsonl or tasks_dir=my_tasks")] = None,
-              store: Annotated[Path, typer.Option(help="the QA store (one JSON record per run)")] = Path("envqa")) -> None:
+              store: Annotated[Path | None, typer.Option(
+                  help=f"the QA store, one JSON record per run (default: {describe('envqa')})")] = None) -> None:
     """The QA gate: reference, null policies, cheaters, determinism, leaks, calibration."""
     from assay.envs.qa import QAConfig, run_gate
     from assay.envs.qa.render import print_report
@@ -461,6 +465,7 @@ def env_check(spec: Annotated[str | None, typer.Argument(help="NAME or NAME@VERS
 
     if all_ == (spec is not None):
         raise AssayError("assay env check takes one NAME[@VERSION] or --all")
+    store = store or envqa_store()  # the store enforcement searches, from any working directory
     args = {}
     for item in env_arg or []:
         key, sep, value = item.partition("=")

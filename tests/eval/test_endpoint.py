@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -106,6 +107,18 @@ def test_an_endpoint_policy_is_evaluated_through_chat_completions_and_tool_calls
     assert toolcalc["recovery_rate"] == 1.0 and toolcalc["tool_error_rate"] > 0  # the bad call, then success
     assert toolcalc["prompt_tokens"] > 0 and toolcalc["completion_tokens"] == 21  # the server's usage, 3 turns
     assert record["domains"]["codegen@6"]["metrics"]["infra_errors"] == 0
+
+
+def test_a_record_without_out_goes_under_the_home_whatever_the_working_directory(server, tmp_path, assay_home):
+    suite = Path(__file__).parents[2] / "suites" / "arith.yaml"
+    src = str(Path(__file__).parents[2] / "src")  # this checkout's assay, from another working directory
+    out = subprocess.run([sys.executable, "-m", "assay.cli", "eval", str(suite), "--endpoint", server, "--model",
+                          "scripted"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": src, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"})
+    assert out.returncode == 0, out.stderr
+    [record] = (assay_home / "evals").iterdir()  # evals/<time>
+    assert read_record(record)["domains"]["arith@3"]["metrics"]["pass_at"]["1"]["value"] == 1.0
+    assert not (tmp_path / "evals").exists()
 
 
 def test_an_unreachable_endpoint_or_unknown_model_is_one_line(server, tmp_path):

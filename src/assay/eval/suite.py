@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from assay.core.config import DifficultyRange, DomainConfig
 from assay.core.errors import ConfigError
+from assay.core.paths import envqa_store
 from assay.core.types import Task
 from assay.envs.base import Environment
 from assay.envs.registry import generate_task
@@ -113,8 +114,9 @@ def load_suite(path: Path) -> tuple[Suite, str]:
         raise ConfigError(f"suite {path}: {'; '.join(problems)}") from None
 
 
-def resolve_entries(suite: Suite, store: Path = Path("envqa")) -> dict[str, Environment]:
-    """Each entry's environment, refused if its content changed under the pinned version."""
+def resolve_entries(suite: Suite, store: Path | None = None) -> dict[str, Environment]:
+    """Each entry's environment, refused if its content changed under the pinned version. `store`: the QA
+    store whose records name the changed parts (default: the home's, where `assay env check` writes)."""
     from assay.envs.registry import env_hash, env_parts, get_env
 
     envs = {}
@@ -125,9 +127,9 @@ def resolve_entries(suite: Suite, store: Path = Path("envqa")) -> dict[str, Envi
             raise ConfigError(f"suite {suite.name}: entry {entry.label} pins no hash; pin the current one ({now}) "
                               "with `assay eval pin SUITE.yaml`")
         if now != entry.hash:
+            changed = _changed_parts(store or envqa_store(), entry, env_parts(env))
             raise ConfigError(f"suite {suite.name}: {entry.env} changed since it was pinned ({entry.hash} -> {now}; "
-                              f"{_changed_parts(store, entry, env_parts(env))}); bump the environment's version or "
-                              "re-pin the suite deliberately")
+                              f"{changed}); bump the environment's version or re-pin the suite deliberately")
         envs[entry.label] = env
     return envs
 

@@ -1,34 +1,22 @@
 """Data-parallel trainer ranks as Ray actors (`train.rank_workers: ray`): ranks 1 .. N-1 are `Rank`s
 placed by Ray (each asking for `train.rank_cpus`) on the run's cluster, the same one its rollout
 actors use (`pipeline.ray`), and joined to rank 0 by a gloo process group over TCP. Each step takes
-the same path as with spawned ranks, so the two step alike (tested to the bit). On the CPU only: Ray
-does not know which GPU rank 0 (the driver) holds, so it could hand that one to an actor."""
+the same path as with spawned ranks, so the two step alike (tested to the bit). The ranks meet through an
+authenticated rendezvous (pipeline/rendezvous.py) whose secret reaches them through Ray. On the CPU only:
+Ray does not know which GPU rank 0 (the driver) holds, so it could hand that one to an actor."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
-
-import torch.distributed as dist
 
 from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Trajectory
 from assay.pipeline.ray_workers import placement_wait, start_ray, stop_ray
+from assay.pipeline.rendezvous import join, open_rendezvous, pin_gloo_to_loopback
 from assay.pipeline.train_ranks import GROUP_TIMEOUT, Rank, check_can_start, cpu_copy, state_bytes
 from assay.train.sharding import leave_process_group
-
-
-def _rendezvous(local: bool) -> str:
-    """Where the ranks meet: a free port on rank 0's node; on the loopback when the cluster is this machine."""
-    import ray
-
-    host = "127.0.0.1" if local else ray.util.get_node_ip_address()
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        port = s.getsockname()[1]
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 class RayRanks:
@@ -48,8 +36,14 @@ class RayRanks:
         self.started, self.temp = start_ray(cfg, run_dir)
         self.actors: list[Any] = []
         self.pending: list[Any] = []  # the last step handed out, checked before the next
+        self.store: Any = None  # the rendezvous' server, kept while the group lives
+        local = cfg.pipeline.ray.address is None
+        # gloo reads it for every group it builds (FSDP's mesh may build one), so it stays for the group's life
+        self.unpin_gloo = pin_gloo_to_loopback() if local else lambda: None
         try:
-            init = _rendezvous(local=cfg.pipeline.ray.address is None)
+            # on rank 0's node: the loopback when the cluster is this machine, else the address Ray knows it by
+            host = "127.0.0.1" if local else ray.util.get_node_ip_address()
+            init, self.store = open_rendezvous(host, GROUP_TIMEOUT)
             remote = ray.remote(num_cpus=cfg.train.rank_cpus)(Rank)
             model_ref, ref_ref = ray.put(cpu_copy(model)), ray.put(cpu_copy(ref))  # each actor unpickles its own
             self.actors = [remote.remote(rank, world, init, cfg, model_ref, ref_ref, "cpu")
@@ -64,7 +58,7 @@ class RayRanks:
                                  "train.ranks or train.rank_cpus, or add nodes")
             self._get(ready)
             joins = [a.join.remote() for a in self.actors]
-            dist.init_process_group("gloo", init_method=init, rank=0, world_size=world, timeout=GROUP_TIMEOUT)
+            join(init, 0, world, GROUP_TIMEOUT, server=self.store)
             self._get(joins)
         except BaseException:
             self.close()
@@ -108,4 +102,6 @@ class RayRanks:
             self.ray.kill(actor, no_restart=True)
         self.actors, self.pending = [], []
         leave_process_group()
+        self.store = None
+        self.unpin_gloo()
         stop_ray(self.started, self.temp)

@@ -30,6 +30,7 @@ from assay.core.checkpoint import load_trainer_file
 from assay.core.config import Config
 from assay.core.errors import AssayError
 from assay.core.types import Trajectory
+from assay.pipeline.rendezvous import Rendezvous, join, pin_gloo_to_loopback
 from assay.pipeline.worker import POLL_S
 from assay.train.sharding import leave_process_group, local
 
@@ -88,9 +89,11 @@ def cpu_copy(model: Any) -> Any:
 class Rank:
     """Rank 1 .. N-1: joins the group, holds a trainer, and takes the steps rank 0 hands it. A spawned
     process (`_serve_rank`) or a Ray actor (`pipeline.ray_ranks`) runs it. The models arrive on the CPU
-    and go to `device`."""
+    and go to `device`. `init`: the spawned ranks' file store (a URL), or the Ray ranks' authenticated
+    rendezvous."""
 
-    def __init__(self, rank: int, world: int, init: str, cfg: Config, model: Any, ref: Any, device: str) -> None:
+    def __init__(self, rank: int, world: int, init: str | Rendezvous, cfg: Config, model: Any, ref: Any,
+                 device: str) -> None:
         self.rank, self.world, self.init, self.cfg, self.model, self.ref = rank, world, init, cfg, model, ref
         self.device = torch.device(device)
         self.trainer: Any = None
@@ -102,8 +105,13 @@ class Rank:
         set_threads(self.cfg.threads)
         on_device(self.device)
         model, ref = self.model.to(self.device), self.ref.to(self.device) if self.ref is not None else None
-        dist.init_process_group(backend_for(self.device), init_method=self.init, rank=self.rank,
-                                world_size=self.world, timeout=GROUP_TIMEOUT)
+        if isinstance(self.init, Rendezvous):
+            if self.init.loopback:
+                pin_gloo_to_loopback()  # for this process's life, which is the group's
+            join(self.init, self.rank, self.world, GROUP_TIMEOUT)
+        else:
+            dist.init_process_group(backend_for(self.device), init_method=self.init, rank=self.rank,
+                                    world_size=self.world, timeout=GROUP_TIMEOUT)
         self.trainer = GRPOTrainer(model, self.cfg.train, ref_model=ref, temperature=self.cfg.rollout.temperature,
                                    data_parallel=True)
 

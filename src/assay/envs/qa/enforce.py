@@ -1,9 +1,9 @@
 """The gate, enforced: training and evaluation run an environment version only if its content hash
 has a passing record of the current gate, unless the run names it in `allow_unchecked`.
 
-Records are looked up in the stores a run names (`eval.qa_store`), in ./envqa (where `assay env check`
-writes by default) and in the records shipped inside the package (the built-ins', so an installed
-wheel trains them anywhere). An override is never silent: the run's config keeps it, and every
+Records are looked up in the stores a run names (`eval.qa_store`), in the home's store (`$ASSAY_HOME/envqa`,
+by default ~/.assay/envqa: where `assay env check` writes by default, whatever the working directory) and
+in the records shipped inside the package (the built-ins', so an installed wheel trains them anywhere). An override is never silent: the run's config keeps it, and every
 trajectory of that domain carries `reward_info["qa_unchecked"]`."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from assay.core.errors import AssayError
+from assay.core.paths import envqa_store
 from assay.core.types import Trajectory
 from assay.envs.base import Environment
 from assay.envs.qa.gate import GATE_VERSION
@@ -30,8 +31,18 @@ class UncheckedEnvironment(AssayError):
 
 
 def record_stores(extra: Iterable[str | Path | None] = ()) -> list[Path]:
-    """Where passing records are looked for: the given stores, ./envqa, then the packaged records."""
-    return [*(Path(s) for s in extra if s), Path("envqa"), PACKAGED_RECORDS]
+    """Where passing records are looked for: the given stores, the home's store, then the packaged records."""
+    return list(dict.fromkeys([*(Path(s) for s in extra if s), envqa_store(), PACKAGED_RECORDS]))
+
+
+def _old_store_hint() -> str:
+    """Records in ./envqa, where `assay env check` wrote before the home existed, are no longer searched:
+    say so when there is one here."""
+    old = Path("envqa")
+    if not old.is_dir() or old.resolve() == envqa_store().resolve():
+        return ""
+    return (f" ({old.resolve()} holds QA records, which are no longer searched: move them into {envqa_store()}, "
+            f"or name that store in eval.qa_store)")
 
 
 def passing_record(env: Environment, stores: Sequence[Path]) -> dict[str, Any] | None:
@@ -71,7 +82,7 @@ def require_checked(envs: Mapping[str, Environment], allow: Collection[str] = ()
         raise UncheckedEnvironment(
             f"environment {spec} (hash {env_hash(env)}, domain {domain!r}) has no passing record of QA gate "
             f"v{GATE_VERSION}: check it with `assay env check {spec}{args}`, or run it unchecked (recorded) with "
-            f"--allow-unchecked {env.name} (config: allow_unchecked: [{env.name}])")
+            f"--allow-unchecked {env.name} (config: allow_unchecked: [{env.name}]){_old_store_hint()}")
     return unchecked
 
 
