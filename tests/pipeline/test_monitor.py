@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from assay.core.config import load_config
+from assay.core.paths import envqa_store
 from assay.pipeline.async_pipeline import make_pipeline
 from assay.pipeline.monitor import LoopholeWatch, training_summary
 
@@ -28,7 +29,7 @@ def test_training_logs_pass_rates_and_evaluates_held_out_periodically(tiny_confi
     records = [json.loads(line) for line in (tmp_path / "mon" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [3, 6] and all("heldout/arith/pass@1" in r for r in evals)
-    store = tmp_path / "mon" / "envqa"
+    store = envqa_store()  # the home store (ASSAY_HOME is the test's own), where env show reads
     summary = training_summary(store, "arith@3")
     (h, arith), = summary.items()
     assert arith["runs"] == {"mon"} and 1 <= arith["steps"] <= 6 and sum(n for _, n in arith["levels"].values()) > 0

@@ -360,8 +360,9 @@ class EvalConfig(_Strict):
     watch_n: int = Field(4, gt=0, description=(
         "Samples per task at each watch evaluation (pass@1 only: its standard error is what matters)"))
     qa_store: str | None = Field(None, description=(
-        "Where training's pass rates per environment version and level are logged (none: RUN/envqa); the QA gate "
-        "also looks here for passing records (beside ./envqa and the packaged ones)"))
+        "The QA store training logs its pass rates per environment version and level to, and where the gate's "
+        "passing records are looked for first (none: Assay's home store, `$ASSAY_HOME/envqa` or `~/.assay/envqa`, "
+        "which `assay env check` writes and `assay env show` reads; the packaged records are searched last)"))
     loophole_margin: float = Field(0.1, gt=0, description=(
         "A training pass-rate rise this large with no held-out rise is flagged"))
 

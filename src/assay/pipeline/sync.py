@@ -13,6 +13,7 @@ from typing import Any
 from assay.core.checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from assay.core.config import Config, dump_config
 from assay.core.modeling import apply_threads, load_model, place, save_model, use_template
+from assay.core.paths import envqa_store
 from assay.core.storage import MetricsLogger, TrajectoryWriter, atomic_write
 from assay.core.types import Task, Trajectory
 from assay.envs.qa.enforce import mark_unchecked, record_stores, require_checked
@@ -89,7 +90,7 @@ class SyncPipeline:
         except BaseException:
             self.close_ranks()
             raise
-        self.qa_store = Path(cfg.eval.qa_store) if cfg.eval.qa_store else run_dir / "envqa"
+        self.qa_store = Path(cfg.eval.qa_store) if cfg.eval.qa_store else envqa_store()  # where `env show` reads
         self.watch = LoopholeWatch(cfg.eval.loophole_margin)
 
     def _reference_policy(self) -> Any:
