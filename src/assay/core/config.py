@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from assay.core.errors import ConfigError
 
@@ -197,8 +197,9 @@ class VLLMConfig(_Strict):
 
 class RolloutConfig(_Strict):
     # engine: Assay's own (paged KV, prefix cache); hf: transformers generate; vllm: vLLM in this process
-    # (the optional extra `pip install -e '.[vllm]'`, prefix caching on, the trainer's weights loaded by version)
-    backend: Literal["engine", "hf", "vllm"] = "engine"
+    # (the optional extra `pip install -e '.[vllm]'`, prefix caching on, the trainer's weights loaded by version);
+    # or a name a plugin registers (the assay.rollout_backends entry-point group, assay.rollout.factory)
+    backend: str = "engine"
     block_size: int = Field(16, gt=0)  # engine: tokens per KV block
     kv_cache_mb: int = Field(512, gt=0)  # engine: KV cache budget
     max_batched_tokens: int = Field(2048, gt=0)  # engine: tokens computed per step
@@ -220,6 +221,16 @@ class RolloutConfig(_Strict):
     # rollout's threads do); a hung one is killed at the domain's verify_timeout_s, a dead one replaced
     verifier_processes: int = Field(0, ge=0)
     vllm: VLLMConfig = VLLMConfig()
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, name: str) -> str:
+        from assay.rollout.factory import backend_names  # light: no backend is imported to list them
+
+        if name not in backend_names():
+            raise ValueError(f"no rollout backend of that name; known backends: {', '.join(backend_names())} (a "
+                             "plugin adds one through the 'assay.rollout_backends' entry-point group)")
+        return name
 
 
 class RayConfig(_Strict):
