@@ -103,7 +103,7 @@ class EnvHooks:
 HOOKS = tuple(f.name for f in fields(EnvHooks))
 _CALLABLE_HOOKS = ("fingerprint", "secrets")
 # what an environment defines besides hooks: the required contract (Environment's members)
-_REQUIRED = frozenset(n for n in (*Environment.__annotations__, *vars(Environment)) if not n.startswith("_"))
+_CONTRACT = frozenset(n for n in (*Environment.__annotations__, *vars(Environment)) if not n.startswith("_"))
 _SLIP = 0.8  # difflib's similarity above which a name is taken for a misspelled hook
 
 
@@ -124,18 +124,21 @@ def hooks(env: object) -> EnvHooks:
 
 def check_hook_names(env: object) -> None:
     """Refuse an environment (or its class) with an attribute named almost like a hook it lacks."""
-    slips = _slips(frozenset(n for n in dir(env) if not n.startswith("_")))
+    cls = env if isinstance(env, type) else type(env)
+    own = () if env is cls else tuple(getattr(env, "__dict__", ()))  # set in __init__: few, and cheap to list
+    slips = _slips(cls, own)
     if slips:
         said = "; ".join(f"{name!r} is no hook (did you mean {hook!r}?)" for name, hook in slips)
         raise AssayError(f"environment {_label(env)}: {said}. The hooks are {', '.join(HOOKS)} "
                          "(assay.envs.base.EnvHooks)")
 
 
-@lru_cache(maxsize=256)  # by the set of names: called for every episode and task, on a few classes
-def _slips(names: frozenset[str]) -> tuple[tuple[str, str], ...]:
+@lru_cache(maxsize=1024)  # hooks(env) runs for every task and episode, on a few classes and instance layouts
+def _slips(cls: type, own: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    names = {n for n in (*dir(cls), *own) if not n.startswith("_")}
     missing = [h for h in HOOKS if h not in names]  # a name near a hook the class also has is its own
     out = []
-    for name in sorted(names - _REQUIRED):
+    for name in sorted(names - _CONTRACT):
         near = difflib.get_close_matches(name.lower(), missing, n=1, cutoff=_SLIP)
         if near:
             out.append((name, near[0]))

@@ -141,10 +141,10 @@ def env_parts(env: Environment) -> dict[str, str]:
     parameters (public scalar and dataclass attributes, e.g. limits or a matcher), and its
     `fingerprint()` if it has one (data and template files it loads)."""
     cls, declared = type(env), hooks(env)
-    if cls not in _class_parts:
+    if cls not in _class_parts:  # hash_deps from the class, like the code it names
         _class_parts[cls] = {"class": _sha(_qualname(cls)),
                              **{f"code {m}": _sha(_module_source(m, cls))
-                                for m in (cls.__module__, *declared.hash_deps)}}
+                                for m in (cls.__module__, *hooks(cls).hash_deps)}}
     parts = dict(_class_parts[cls])
     params = {k: repr(v) for k, v in sorted(vars(env).items())
               if not k.startswith("_") and (isinstance(v, (str, int, float, bool, Path, type(None))) or is_dataclass(v))}
