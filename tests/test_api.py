@@ -7,12 +7,25 @@ import assay
 
 
 def test_every_exported_name_resolves():
+    assert sorted(assay.__all__) == sorted(assay._EXPORTS)  # the static list type checkers read, and the lazy one
     for name in assay.__all__:
         assert getattr(assay, name) is not None, name
 
 
+def test_the_type_checking_block_imports_every_export():
+    """The names a type checker sees are the ones `import assay` resolves at run time."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(assay.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    seen = {(node.module, a.name) for node in block.body if isinstance(node, ast.ImportFrom) for a in node.names}
+    assert seen == {(module, name) for name, module in assay._EXPORTS.items()}
+
+
 def test_importing_assay_loads_no_torch():
-    code = "import sys, assay; from assay import Task, register, task_id; print('torch' in sys.modules)"
+    code = ("import sys, assay; from assay import Task, register, task_id, Limits, EnvHooks, register_backend; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

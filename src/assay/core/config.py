@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from assay.core.errors import ConfigError
 
@@ -235,10 +235,11 @@ class VLLMConfig(_Strict):
 
 
 class RolloutConfig(_Strict):
-    backend: Literal["engine", "hf", "vllm"] = Field("engine", description=(
+    backend: str = Field("engine", description=(
         "`engine`: Assay's own (paged KV cache, prefix cache, continuous batching); `hf`: transformers `generate`; "
         "`vllm`: vLLM in this process (the `vllm` extra, `pip install -e '.[vllm]'`; prefix caching on, the "
-        "trainer's weights loaded by version)"))
+        "trainer's weights loaded by version); or the name a plugin registers (`@assay.register_backend`, or the "
+        "`assay.rollout_backends` entry-point group)"))
     block_size: int = Field(16, gt=0, description="Engine: tokens per KV block")
     kv_cache_mb: int = Field(512, gt=0, description="KV cache budget in MiB, the engine's and vLLM's")
     max_batched_tokens: int = Field(2048, gt=0, description="Engine: tokens computed per step")
@@ -266,6 +267,16 @@ class RolloutConfig(_Strict):
         "(tool-less environments: codegen, arith, jsonl); a hung one is killed at the domain's `verify_timeout_s`, "
         "a dead one replaced and its request issued again once; 0: the rollout's threads verify"))
     vllm: VLLMConfig = Field(VLLMConfig(), description="vLLM's own settings, for `rollout.backend: vllm`")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, name: str) -> str:
+        from assay.rollout.factory import backend_names  # light: no backend is imported to list them
+
+        if name not in backend_names():
+            raise ValueError(f"no rollout backend of that name; known backends: {', '.join(backend_names())} (a "
+                             "plugin adds one through the 'assay.rollout_backends' entry-point group)")
+        return name
 
 
 class RayConfig(_Strict):

@@ -1,6 +1,6 @@
 """Environments: versioned, procedurally generated task sources with verifiers, and their registry."""
 
-from assay.envs.base import Environment, Episode
+from assay.envs.base import ClosingEpisode, EnvHooks, Environment, Episode, hooks
 from assay.envs.registry import (
                                  ENTRY_POINT_GROUP,
                                  env_hash,
@@ -14,9 +14,9 @@ from assay.envs.registry import (
 )
 from assay.envs.tools import INVALID_CALL, object_schema, parse_call, validate_call
 
-__all__ = ["ENTRY_POINT_GROUP", "Environment", "Episode", "INVALID_CALL", "env_hash", "env_parts", "env_spec",
-           "generate_task", "get_env", "list_envs", "object_schema", "parse_call", "register", "resolve", "task_id",
-           "validate_call"]
+__all__ = ["ENTRY_POINT_GROUP", "ClosingEpisode", "EnvHooks", "Environment", "Episode", "INVALID_CALL", "env_hash",
+           "env_parts", "env_spec", "generate_task", "get_env", "hooks", "list_envs", "object_schema", "parse_call",
+           "register", "resolve", "task_id", "validate_call"]
 
 
 def __getattr__(name: str) -> object:

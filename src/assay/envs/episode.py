@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from assay.core.types import OK, ROLLOUT_ERROR, Observation, Task, ToolCall, ToolSpec
-from assay.envs.base import Environment, Episode
+from assay.envs.base import ClosingEpisode, Environment, Episode, hooks
 from assay.envs.tools import validate_call
 from assay.sandbox import isolation_problem
 from assay.sandbox.pool import LeasedSandbox, shared_pool
@@ -62,7 +62,7 @@ class _Leased:
 def start_episode(env: Environment, task: Task) -> Episode:
     """`env.start(task, sandbox)`: with a warm sandbox from this process's pool where the environment
     declares `sandbox_limits` and the host can isolate, else with None (the environment opens its own)."""
-    limits = getattr(env, "sandbox_limits", None)
+    limits = hooks(env).sandbox_limits
     if limits is None or isolation_problem() is not None:
         return env.start(task, None)
     sandbox = LeasedSandbox(shared_pool(limits))
@@ -75,9 +75,8 @@ def start_episode(env: Environment, task: Task) -> Episode:
 
 def close_episode(episode: object) -> None:
     """Release what an episode holds (a sandbox), on every path: after verification or a failure."""
-    close = getattr(episode, "close", None)
-    if callable(close):
-        close()
+    if isinstance(episode, ClosingEpisode):
+        episode.close()
 
 
 def close_episodes(episodes: Sequence[object]) -> None:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from assay.core.errors import AssayError, UnknownEnvironmentError
 from assay.core.types import Task
-from assay.envs.base import Environment
+from assay.envs.base import Environment, check_hook_names, hooks
 
 ENTRY_POINT_GROUP = "assay.environments"
 # category, difficulties and tools may be set per instance (jsonl takes its category as an argument)
@@ -38,6 +38,7 @@ def register(cls: T) -> T:
     missing = [a for a in _REQUIRED if not hasattr(cls, a)]
     if missing:
         raise AssayError(f"environment class {cls.__qualname__} lacks {', '.join(missing)}; see assay.envs.base")
+    check_hook_names(cls)  # a misspelled class-level hook fails here, not as a silent default later
     key = (str(cls.name), str(cls.version))
     old = _registry.get(key)
     if old is not None and _qualname(old) != _qualname(cls):
@@ -139,18 +140,17 @@ def env_parts(env: Environment) -> dict[str, str]:
     the source of its module and the modules it names in `hash_deps` (code, generator, verifier), its
     parameters (public scalar and dataclass attributes, e.g. limits or a matcher), and its
     `fingerprint()` if it has one (data and template files it loads)."""
-    cls = type(env)
-    if cls not in _class_parts:
+    cls, declared = type(env), hooks(env)
+    if cls not in _class_parts:  # hash_deps from the class, like the code it names
         _class_parts[cls] = {"class": _sha(_qualname(cls)),
                              **{f"code {m}": _sha(_module_source(m, cls))
-                                for m in (cls.__module__, *getattr(cls, "hash_deps", ()))}}
+                                for m in (cls.__module__, *hooks(cls).hash_deps)}}
     parts = dict(_class_parts[cls])
     params = {k: repr(v) for k, v in sorted(vars(env).items())
               if not k.startswith("_") and (isinstance(v, (str, int, float, bool, Path, type(None))) or is_dataclass(v))}
     parts["params"] = _sha(repr(params))
-    fingerprint = getattr(env, "fingerprint", None)
-    if callable(fingerprint):
-        parts["data"] = _sha(str(fingerprint()))
+    if declared.fingerprint is not None:
+        parts["data"] = _sha(str(declared.fingerprint()))
     return parts
 
 

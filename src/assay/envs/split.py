@@ -16,11 +16,10 @@ from typing import Literal
 
 from assay.core.errors import AssayError
 from assay.core.types import Task
-from assay.envs.base import Environment
+from assay.envs.base import DEFAULT_EVAL_SHARE, Environment, hooks  # noqa: F401 (DEFAULT_EVAL_SHARE: its old home)
 from assay.envs.registry import stamped
 
 Split = Literal["train", "eval"]
-DEFAULT_EVAL_SHARE = 0.2
 # Draws per task before a partition is declared empty at a level: with a share of 0.2 a non-empty
 # partition is missed by chance with probability 0.8**1000.
 MAX_DRAWS = 1000
@@ -31,7 +30,7 @@ SPACE_DRAWS = 2000  # draws per level behind a space estimate
 
 
 def eval_share(env: Environment) -> float:
-    share = getattr(env, "eval_share", DEFAULT_EVAL_SHARE)
+    share = hooks(env).eval_share
     if not isinstance(share, (int, float)) or not 0 < share < 1:
         raise AssayError(f"environment {env.name!r}: eval_share must be a number strictly between 0 and 1, "
                          f"got {share!r}")

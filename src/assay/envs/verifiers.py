@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from assay.core.errors import AssayError
 from assay.core.types import Message, Observation, Reward, Task, ToolCall
-from assay.envs.base import Environment, Episode
+from assay.envs.base import Environment, Episode, hooks
 from assay.envs.episode import close_episode, start_episode
 
 READY_WAIT_S = 120.0  # a verifier process's start-up: imports and its environments unpickled
@@ -35,7 +35,8 @@ def verifies_anywhere(env: Environment) -> bool:
     """Whether a fresh episode verifies the messages as the acting one would: `stateless_verify` where the
     environment declares it, else whether it has no tools (then no call ever reaches `episode.step`,
     which validation refuses first, so the acting episode is still as `start` made it)."""
-    return bool(getattr(env, "stateless_verify", not env.tools))
+    declared = hooks(env).stateless_verify
+    return bool(not env.tools if declared is None else declared)
 
 
 class VerifiedElsewhere:

@@ -152,8 +152,7 @@ class AsyncPipeline(SyncPipeline):
                     self.backend.update_weights(weights, version=version)
                 t0, c0 = time.time(), time.perf_counter()
                 everything, kept, dropped = self.collect_batch(step, tasks)
-                take = getattr(self.backend, "take_stats", None)
-                stats = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
+                stats = {f"rollout/{k}": v for k, v in self.backend.take_stats().items()}
                 stats.update(rollout_start_s=t0, rollout_s=time.perf_counter() - c0)
                 with self._lock:
                     self._ready[step] = (version, everything, kept, dropped, stats)

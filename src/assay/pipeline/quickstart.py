@@ -60,7 +60,7 @@ def evaluate_policy(cfg: Config, policy_dir: Path, tasks_per_domain: int | None 
                         tasks_per_domain or cfg.eval.tasks_per_domain, n or cfg.eval.n, cfg.eval.seed,
                         cfg.eval.temperature, **options)
     finally:
-        getattr(backend, "close", lambda: None)()  # vLLM's holds a process; the engine has nothing to close
+        backend.close()  # vLLM's holds a process; the engine has nothing to close
 
 
 def compare(before: dict[str, DomainEval], after: dict[str, DomainEval]) -> list[dict[str, Any]]:

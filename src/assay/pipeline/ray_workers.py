@@ -106,8 +106,7 @@ class _RolloutActor:
         """`verifiers`: the verifier actors as the driver has them now (they can change between rollouts)."""
         trajs = rollout_tasks(self.cfg, self.backend, self.tokenizer, self.envs, tasks, step, attempt, first,
                               verifiers.falling_back_to(self.envs) if verifiers else None)
-        take = getattr(self.backend, "take_stats", None)
-        return trajs, take() if callable(take) else {}
+        return trajs, self.backend.take_stats()
 
 
 def require_token_auth() -> None:

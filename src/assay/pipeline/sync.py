@@ -27,6 +27,7 @@ from assay.pipeline.policy import Given, build_policy, domain_envs
 from assay.pipeline.train_ranks import make_ranks
 from assay.pipeline.ui import RunView
 from assay.pipeline.worker import rollout_tasks
+from assay.rollout.base import require_backend
 from assay.rollout.factory import make_backend
 from assay.rollout.weights import copy_weights
 from assay.train.advantages import filter_zero_variance, paying_domains
@@ -153,8 +154,7 @@ class SyncPipeline:
                 busy = {"rollout_start_s": t0, "rollout_s": c1 - c0, "train_start_s": t1,
                         "train_s": time.perf_counter() - c1}
                 self.monitor(step, everything, stats, metrics, view)
-                take = getattr(self.backend, "take_stats", None)  # the native engine's counters
-                rollout = {f"rollout/{k}": v for k, v in take().items()} if callable(take) else {}
+                rollout = {f"rollout/{k}": v for k, v in self.backend.take_stats().items()}  # the engine's counters
                 record = {**train_metrics, "groups_dropped": dropped, "sampled": len(everything),
                           **stats.metrics(), **rollout, **busy}
                 self.end_step(step, record, stats, train_metrics, metrics, view)
@@ -175,9 +175,7 @@ class SyncPipeline:
         from assay.envs.verifiers import close_shared_verifiers
 
         close_shared_verifiers(self.envs)
-        close = getattr(self.backend, "close", None)
-        if callable(close):
-            close()
+        self.backend.close()
 
     def close_ranks(self) -> None:
         """Stop the other ranks and leave the process group, whose gloo threads must end here rather than in
@@ -244,7 +242,7 @@ class SyncPipeline:
     def make_backend(self, model: Any) -> Any:
         """The configured backend around `model`, or the one the caller's factory makes."""
         if self.given.backend is not None:
-            return self.given.backend(model, self.tokenizer)
+            return require_backend(self.given.backend(model, self.tokenizer), "the backend factory given to the pipeline")
         return make_backend(self.cfg.rollout, model, self.tokenizer)
 
     def policy_model(self) -> Any:

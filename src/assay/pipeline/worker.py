@@ -83,8 +83,7 @@ def _serve(requests: Any, results: Any, cfg: Config, model: Any, tokenizer: Any,
             else:
                 tasks, step, attempt = args
                 trajs = rollout_tasks(cfg, backend, tokenizer, envs, tasks, step, attempt)
-                take = getattr(backend, "take_stats", None)
-                results.put(("ok", trajs, take() if callable(take) else {}))
+                results.put(("ok", trajs, backend.take_stats()))
         except BaseException:
             results.put(("error", traceback.format_exc()))
     # The interpreter's teardown would then collect every object of torch and the engine (~0.8 s of the

@@ -48,12 +48,38 @@ class GenResult:
     policy_version: int
 
 
+@runtime_checkable
 class RolloutBackend(Protocol):
+    """What the pipeline runs rollouts on. `generate` and `update_weights` are required; `take_stats` and
+    `close` have defaults, which a backend gets by subclassing this class (the built-ins do). A backend
+    is made by name through the registry (`assay.rollout.factory.register_backend`)."""
+
     def generate(self, requests: Sequence[GenRequest]) -> list[list[GenResult]]:
         """One list of n results per request, in request order."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None: ...
+
+    def take_stats(self) -> dict[str, float]:
+        """Counters since the last call (logged as rollout/NAME each step), then reset; default none."""
+        return {}
+
+    def close(self) -> None:
+        """Release what the backend holds beyond this object (a process, a device's memory); called once
+        when the run or evaluation that made it ends. Default: nothing to release."""
+
+
+def require_backend(backend: object, made_by: str) -> RolloutBackend:
+    """`backend`, refused with the members it lacks if it is no RolloutBackend (the pipeline calls every
+    member directly)."""
+    if isinstance(backend, RolloutBackend):
+        return backend
+    missing = [m for m in _MEMBERS if not callable(getattr(backend, m, None))]
+    raise AssayError(f"{made_by} made a {type(backend).__qualname__}, which lacks {', '.join(missing)} of the rollout "
+                     "backend protocol; subclass assay.RolloutBackend, which gives take_stats and close their defaults")
+
+
+_MEMBERS = tuple(n for n, v in vars(RolloutBackend).items() if callable(v) and not n.startswith("_"))
 
 
 ResultCallback = Callable[[int, list[GenResult]], None]

@@ -1,23 +1,98 @@
-"""Build the configured rollout backend around a policy model."""
+"""The rollout backend registry: `rollout.backend` names a factory that builds a backend around a policy model.
+
+Built-in backends register here (`@register_backend`); third-party ones are found through the
+`assay.rollout_backends` entry-point group, each entry point naming a factory, so that every process
+that builds the rollout (a worker process, a Ray actor) finds them, not only the one that imported them.
+A factory is called as `factory(cfg, model, tokenizer)` with the run's `RolloutConfig`, the policy
+(a Hugging Face model) and its tokenizer, and returns an `assay.RolloutBackend`; a backend class whose
+constructor takes those three is one. Nothing heavy is imported here: the config validates
+`rollout.backend` against `backend_names()`."""
 
 from __future__ import annotations
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from assay.core.config import RolloutConfig
-from assay.rollout.base import RolloutBackend
+from assay.core.errors import AssayError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from assay.core.config import RolloutConfig
+    from assay.rollout.base import RolloutBackend
+
+ENTRY_POINT_GROUP = "assay.rollout_backends"
+
+BackendFactory = Callable[["RolloutConfig", "PreTrainedModel", "PreTrainedTokenizerBase"], "RolloutBackend"]
+F = TypeVar("F", bound=BackendFactory)
+
+_factories: dict[str, BackendFactory] = {}
+_plugins: dict[str, EntryPoint] | None = None  # the entry points by name, listed once per process
+
+
+def register_backend(name: str) -> Callable[[F], F]:
+    """Decorator: make `factory(cfg, model, tokenizer)` the backend `rollout.backend: NAME` builds. In this
+    process only; a backend that must also run in worker processes or Ray actors is named by an entry point
+    in the `assay.rollout_backends` group (its own registration then finds the same factory)."""
+    if not name or name != name.strip():
+        raise AssayError(f"a rollout backend needs a non-empty name without surrounding spaces, got {name!r}")
+
+    def add(factory: F) -> F:
+        old = _factories.get(name)
+        if old is not None and _qualname(old) != _qualname(factory):
+            raise AssayError(f"rollout backend {name!r} is registered twice ({_qualname(old)} and "
+                             f"{_qualname(factory)}); rename one")
+        _factories[name] = factory
+        return factory
+
+    return add
+
+
+def _qualname(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    global _plugins
+    if _plugins is None:
+        _plugins = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return _plugins
+
+
+def backend_names() -> list[str]:
+    """Every backend `rollout.backend` may name: the registered ones and the installed plugins' (a plugin
+    is imported only when a run builds it)."""
+    return sorted({*_factories, *_entry_points()})
+
+
+def resolve_backend(name: str) -> BackendFactory:
+    """The factory `name` names: a registered one, else the plugin's (loaded and registered now)."""
+    if name in _factories:
+        return _factories[name]
+    ep = _entry_points().get(name)
+    if ep is None:
+        raise AssayError(f"unknown rollout backend {name!r}; known backends: {', '.join(backend_names())} (a "
+                         f"plugin adds one through the {ENTRY_POINT_GROUP!r} entry-point group)")
+    try:
+        factory = ep.load()
+    except Exception as e:  # a broken plugin is named, not a crash deep inside a worker
+        raise AssayError(f"rollout backend plugin {name!r} ({ep.value}) failed to load: {e}") from e
+    if not callable(factory):
+        raise AssayError(f"rollout backend plugin {name!r} ({ep.value}) must name a factory or a backend class")
+    return register_backend(name)(factory)
 
 
 def make_backend(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutBackend:
-    if cfg.backend == "hf":
-        from assay.rollout.hf import HFBackend
+    """The backend `cfg.backend` names, built around `model`."""
+    from assay.rollout.base import require_backend
 
-        return HFBackend(model, tokenizer)
-    if cfg.backend == "vllm":
-        from assay.rollout.vllm import VLLMBackend
+    return require_backend(resolve_backend(cfg.backend)(cfg, model, tokenizer), f"rollout backend {cfg.backend!r}")
 
-        return VLLMBackend(model, tokenizer, block_size=cfg.vllm.block_size, kv_cache_bytes=cfg.kv_cache_mb * 2**20,
-                           enforce_eager=cfg.vllm.enforce_eager, max_model_len=cfg.vllm.max_model_len)
+
+@register_backend("engine")
+def _engine(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutBackend:
+    """Assay's own engine: paged KV cache, prefix cache, continuous batching."""
     from assay.rollout.engine import Engine, EngineConfig
 
     return Engine(model, tokenizer, EngineConfig(block_size=cfg.block_size, kv_cache_bytes=cfg.kv_cache_mb * 2**20,
@@ -25,3 +100,20 @@ def make_backend(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrain
                                                  speculative_tokens=cfg.speculative_tokens,
                                                  speculative_max_batch=cfg.speculative_max_batch, gemm=cfg.gemm,
                                                  warm_up=cfg.warm_up))
+
+
+@register_backend("hf")
+def _hf(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutBackend:
+    """transformers' `generate`."""
+    from assay.rollout.hf import HFBackend
+
+    return HFBackend(model, tokenizer)
+
+
+@register_backend("vllm")
+def _vllm(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutBackend:
+    """vLLM in this process (the optional extra `vllm`)."""
+    from assay.rollout.vllm import VLLMBackend
+
+    return VLLMBackend(model, tokenizer, block_size=cfg.vllm.block_size, kv_cache_bytes=cfg.kv_cache_mb * 2**20,
+                       enforce_eager=cfg.vllm.enforce_eager, max_model_len=cfg.vllm.max_model_len)

@@ -19,11 +19,11 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
-from assay.rollout.base import GenRequest, GenResult, SamplingParams, check_request, stop_string_end
+from assay.rollout.base import GenRequest, GenResult, RolloutBackend, SamplingParams, check_request, stop_string_end
 from assay.rollout.weights import copy_weights
 
 
-class HFBackend:
+class HFBackend(RolloutBackend):
     """RolloutBackend on `model.generate`.
 
     All requests that share sampling settings (apart from max_tokens) run as one left-padded batch,

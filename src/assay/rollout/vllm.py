@@ -34,6 +34,7 @@ from assay.rollout.base import (
     GenRequest,
     GenResult,
     ResultCallback,
+    RolloutBackend,
     check_request,
     default_stop,
     run_to_completion,
@@ -67,7 +68,7 @@ class _Request:
     checked: dict[int, int] = field(default_factory=dict)  # sample index -> tokens already checked for stops
 
 
-class VLLMBackend:
+class VLLMBackend(RolloutBackend):
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, block_size: int = 32,
                  kv_cache_bytes: int = 512 * 2**20, enforce_eager: bool = True, seed: int = 0,
                  max_model_len: int | None = None) -> None:

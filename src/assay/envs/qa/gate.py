@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from assay.core.types import OK, Reward, Task
-from assay.envs.base import Environment
+from assay.envs.base import Environment, hooks
 from assay.envs.qa.play import Played, Strategy, play, reference_policy
 from assay.envs.qa.strategies import (
     NULL_POLICIES,
@@ -141,8 +141,8 @@ class GateReport:
 
 
 def secrets(env: Environment, task: Task) -> list[str]:
-    own = getattr(env, "secrets", None)
-    if callable(own):
+    own = hooks(env).secrets
+    if own is not None:
         return [s for s in own(task) if s]
     final = [m for m in env.reference_solution(task) if m.role == "assistant" and not m.tool_calls]
     # a code fence (```python) is the answer's format, which a prompt may state; what it fences is the secret
@@ -215,7 +215,7 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
         cheaters = []
     elif report.kind != "answer" and cheat_tasks_per_level == 0:
         report.skipped.append("cheaters: cheat_tasks_per_level is 0")
-    if report.kind == "terminal" and not callable(getattr(env, "secrets", None)):
+    if report.kind == "terminal" and hooks(env).secrets is None:
         report.warnings.append("declares no secrets(task): the leak checks then look only for the reference's "
                                "final answer lines, which in a terminal task are almost nothing; return the hidden "
                                "tests and expected values from secrets(task)")
@@ -362,7 +362,7 @@ def _searched_reference(env: Environment, task: Task, cfg: QAConfig, fail: Calla
                         hidden: list[str]) -> Played:
     """The reference, started in a sandbox the gate opens and searched for the secrets after start and
     after every step: what an environment leaves where the policy can read it is shown to the policy."""
-    limits = getattr(env, "sandbox_limits", None)  # the contract's name (assay.envs.base)
+    limits = hooks(env).sandbox_limits
     try:
         box = open_sandbox(limits if isinstance(limits, Limits) else Limits())
     except OSError as e:

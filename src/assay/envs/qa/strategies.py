@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from assay.core.types import Message, Task, ToolCall
-from assay.envs.base import Environment
+from assay.envs.base import Environment, hooks
 from assay.envs.qa.play import Replay
 
 KINDS = ("answer", "code", "terminal")
@@ -26,7 +26,7 @@ KINDS = ("answer", "code", "terminal")
 
 def kind_of(env: Environment, task: Task | None = None) -> str:
     """How an environment is cheated on: its declared `qa_kind`, else what it does (`does_kind`)."""
-    return getattr(env, "qa_kind", None) or does_kind(env, task)[0]
+    return hooks(env).qa_kind or does_kind(env, task)[0]
 
 
 def does_kind(env: Environment, task: Task | None = None) -> tuple[str, str]:
@@ -35,7 +35,7 @@ def does_kind(env: Environment, task: Task | None = None) -> tuple[str, str]:
     else "answer"."""
     if any(t.name == "bash" for t in env.tools):
         return "terminal", "it has a bash tool"
-    if getattr(env, "sandbox_limits", None) is not None:
+    if hooks(env).sandbox_limits is not None:
         return "code", "it declares sandbox_limits (it runs code)"
     if task is not None and any("```" in m.content for m in env.reference_solution(task) if m.role == "assistant"):
         return "code", "its reference answers with a code block"
@@ -46,7 +46,7 @@ def kind_problem(env: Environment, task: Task | None) -> tuple[str | None, str |
     """(a failure, a warning) about the kind the gate checks `env` as: a declared kind other than the
     code or terminal kind the environment's behaviour calls for is a failure (those cheaters would never
     run); an undeclared one is a warning naming the kind inferred. Declaring more than "answer" is fine."""
-    declared = getattr(env, "qa_kind", None)
+    declared = hooks(env).qa_kind
     does, why = does_kind(env, task)
     if declared is None:
         return None, f"declares no qa_kind: checked as {does!r} because {why}; declare qa_kind = {does!r}"

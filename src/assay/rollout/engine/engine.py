@@ -25,6 +25,7 @@ from assay.rollout.base import (
     GenRequest,
     GenResult,
     ResultCallback,
+    RolloutBackend,
     SamplingParams,
     check_request,
     default_stop,
@@ -62,7 +63,7 @@ class _Request:
     on_done: ResultCallback | None
 
 
-class Engine:
+class Engine(RolloutBackend):
     """One scheduler for the engine's lifetime: `add_requests` admits requests at any time (they join
     the running batch at the next step), `step` runs one batched forward and returns the requests
     that finished in it (and hands each to its callback), `abort` drops one. `generate` is the
