@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from assay.core.errors import ConfigError
+from assay.core.loggers import check_loggers
 
 
 class _Strict(BaseModel):
@@ -404,6 +405,10 @@ class Config(_Strict):
     allow_unchecked: list[str] = Field(default_factory=list, description=(
         "Environments (name, NAME@VERSION or domain) that may train and be evaluated without a passing QA record; "
         "kept in the run's config and stamped on their trajectories (`reward_info[\"qa_unchecked\"]`)"))
+    loggers: Annotated[list[str], AfterValidator(check_loggers)] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="Where metrics go besides metrics.jsonl (always written): tensorboard, wandb, mlflow, or a "
+                    "sink registered in the assay.loggers entry-point group; [] for metrics.jsonl alone")
 
     @model_validator(mode="after")
     def _unique_domains(self) -> Config:

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from assay.core.atomic import atomic_path
 from assay.core.atomic import atomic_write as atomic_write  # re-exported for the run directory's writers
 from assay.core.errors import AssayError
+from assay.core.loggers import RunInfo, close_sinks, open_sinks
 from assay.core.types import Message, Task, ToolCall, ToolSpec, Trajectory
 
 # Parquet columns, derived from the dataclasses so the schema cannot drift from them: a Trajectory's
@@ -146,25 +147,26 @@ def read_trajectories(directory: Path) -> Iterator[Trajectory]:
 
 
 class MetricsLogger:
-    """metrics.jsonl (one flushed line per step) plus TensorBoard scalars."""
+    """metrics.jsonl (one flushed line per step: the run's record, always written) plus the numeric
+    values to each configured sink (`assay.core.loggers`; TensorBoard by default)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, sinks: Sequence[str] = ("tensorboard",), name: str | None = None,
+                 config: dict[str, Any] | None = None) -> None:
         self.path = run_dir / "metrics.jsonl"
+        # sinks first: one that cannot start (a missing package, no server) fails before anything is written
+        self._sinks = open_sinks(sinks, RunInfo(run_dir, name or run_dir.name, config or {}))
         self._file = self.path.open("a", buffering=1)
-        from torch.utils.tensorboard import SummaryWriter  # heavy import, only when logging
-
-        self._tb = SummaryWriter(log_dir=str(run_dir / "tb"))
 
     def log(self, step: int, metrics: dict[str, float | str], kind: str = "train") -> None:
         record = {"step": step, "kind": kind, "time": time.time(), **metrics}
         self._file.write(json.dumps(record) + "\n")
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)):
-                self._tb.add_scalar(f"{kind}/{key}", value, step)
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        for sink in self._sinks if scalars else ():
+            sink.log(step, kind, scalars)
 
     def close(self) -> None:
         self._file.close()
-        self._tb.close()
+        close_sinks(self._sinks)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

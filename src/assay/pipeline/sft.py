@@ -71,7 +71,7 @@ def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
         save_model(model, tokenizer, out)
         return out
     examples = build_examples(cfg, envs, tokenizer)
-    metrics = MetricsLogger(run_dir)
+    metrics = MetricsLogger(run_dir, cfg.loggers, cfg.name, cfg.model_dump(mode="json"))
 
     def on_step(step: int, loss: float, lr: float) -> None:
         metrics.log(step, {"loss": loss, "lr": lr}, kind="sft")

@@ -191,7 +191,7 @@ class SyncPipeline:
     def open_metrics(self, attempt: int) -> MetricsLogger:
         """The run's metrics log; every attempt after the first (a resume, a restart) first marks the
         step it starts from, so that readers drop the earlier records of the steps it runs again."""
-        metrics = MetricsLogger(self.run_dir)
+        metrics = MetricsLogger(self.run_dir, self.cfg.loggers, self.cfg.name, self.cfg.model_dump(mode="json"))
         for domain, env in self.unchecked.items():  # in the run's log as well as its config and trajectories
             metrics.log(self.start_step, {"qa_unchecked": f"domain {domain}: {env} runs without a passing QA "
                                                           "record (allow_unchecked)"}, kind="warning")
