@@ -99,7 +99,7 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
         raise AssayError("assay train needs a CONFIG file or --resume runs/NAME")
     else:
         cfg = load_config(config, overrides)
-        run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
+        run_dir = prepare_run_dir(cfg.run_dir, cfg.name, existing="refuse")
     from assay.pipeline.async_pipeline import make_pipeline  # torch and the rest: after bad input is told
     from assay.pipeline.ui import RunView
 
@@ -122,7 +122,7 @@ def sft(config: Annotated[Path, typer.Argument(help="YAML config")], overrides: 
     from assay.pipeline.ui import RunView
 
     cfg = load_config(config, overrides or [])
-    run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
+    run_dir = prepare_run_dir(cfg.run_dir, cfg.name, existing="refuse")
     with RunView("sft", cfg.sft.steps, quiet=quiet, console=console) as view:
         out = run_sft(cfg, run_dir, view)
     console.print(f"policy saved to {out} (use it with model.path={out})")
@@ -146,6 +146,8 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
           temperature: float = _EVAL.temperature, seed: int = _EVAL.seed,
           max_new_tokens: int = _DOMAIN.max_new_tokens, max_turns: int = _EVAL.max_turns,
           backend: Annotated[str, typer.Option(help="rollout backend: engine or hf")] = "engine",
+          kv_cache_mb: Annotated[int, typer.Option(help="the engine's KV cache in MiB; 0: room for every episode "
+                                                   "at once, up to a quarter of the free memory")] = 0,
           run: Annotated[Path | None, typer.Option(help="runs/NAME that trained the policy: check that no "
                                                    "evaluation task is in its RL trajectories or SFT data")] = None,
           out: Annotated[Path | None, typer.Option(help=f"record directory (default: {describe('evals')}/<time>)")] = None,
@@ -169,6 +171,8 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
 
     if backend not in ("engine", "hf"):
         raise ConfigError(f"--backend must be engine or hf, got {backend!r}")
+    if kv_cache_mb < 0:
+        raise ConfigError(f"--kv-cache-mb must be 0 (sized to the evaluation) or a number of MiB, got {kv_cache_mb}")
     if repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {repeats}")
     if (endpoint is None) != (model is None):
@@ -213,7 +217,8 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
     records = []
     for i, p in enumerate(policies):
         where = out / f"{i}_{p.name if isinstance(p, Path) else 'endpoint'}" if len(policies) > 1 else out
-        runs = [_eval_policy(p, envs, domains, task_list, RolloutConfig(backend=backend), n, seed + r, temperature, run,
+        rollout = RolloutConfig(backend=backend, **({"kv_cache_mb": kv_cache_mb} if kv_cache_mb else {}))
+        runs = [_eval_policy(p, envs, domains, task_list, rollout, n, seed + r, temperature, run,
                              where / f"repeat_{r}" if repeats > 1 else where, {**settings, "seed": seed + r},
                              (price_prompt, price_completion), html) for r in range(repeats)]
         if repeats > 1:
@@ -255,6 +260,13 @@ def _eval_policy(policy: Path | Endpoint, envs: dict[str, Environment], domains:
         identity = policy_identity(policy)
         model, tokenizer = load_model(policy)
         apply_threads(0, model)
+        if rollout.backend == "engine" and "kv_cache_mb" not in rollout.model_fields_set:  # every episode at once
+            from assay.agent.render import prompt_ids
+            from assay.rollout.engine.model import PagedModel
+
+            longest = max(len(prompt_ids(tokenizer, t)) + domains[t.domain].max_new_tokens * domains[t.domain].max_turns
+                          for t in tasks)
+            rollout = rollout.model_copy(update={"kv_cache_mb": PagedModel.cache_mb_for(model, longest * n * len(tasks))})
         trajs = collect(make_backend(rollout, model, tokenizer), tokenizer, envs, domains, tasks, samples=n,
                         temperature=temperature, seed=seed)
     mark_unchecked(trajs, settings.get("qa_unchecked", {}))

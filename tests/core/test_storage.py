@@ -76,3 +76,23 @@ def test_the_schema_is_derived_from_the_dataclasses():
 
     expected = {"step"} | {f.name for f in fields(Task)} | {f.name for f in fields(Trajectory)} - {"task"}
     assert set(TRAJECTORY_SCHEMA.names) == expected
+
+
+def test_a_fresh_run_never_mixes_with_an_earlier_one_in_its_directory(tmp_path):
+    """A second run under the same name would append to the first's metrics and take its checkpoint for its
+    own last: `refuse` says so, `move` keeps the first aside, `reuse` (a resume) leaves it in place."""
+    import pytest
+
+    from assay.core.errors import AssayError
+
+    first = prepare_run_dir(tmp_path, "r", existing="refuse")
+    (first / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert prepare_run_dir(tmp_path, "r", existing="refuse") == first  # metrics alone: an attempt to redo
+    (first / "checkpoints" / "step_5").mkdir(parents=True)
+    with pytest.raises(AssayError, match=r"already holds a run .*--resume .*name=NAME"):
+        prepare_run_dir(tmp_path, "r", existing="refuse")
+    assert prepare_run_dir(tmp_path, "r") == first and (first / "checkpoints" / "step_5").is_dir()
+    again = prepare_run_dir(tmp_path, "r", existing="move")
+    (aside,) = tmp_path.glob("r.prev-*")
+    assert again == first and not any(again.iterdir())
+    assert (aside / "checkpoints" / "step_5").is_dir() and (aside / "metrics.jsonl").read_text() == '{"step": 1}\n'

@@ -162,6 +162,7 @@ def test_bad_input_is_one_line_and_nonzero(tiny_config, tmp_path):
         ("train", str(tmp_path / "missing.yaml")),
         ("train", "--resume", str(tmp_path / "runs" / "never")),
         ("eval", str(tmp_path / "no-checkpoint"), "--env", "arith"),
+        ("train", tiny_config(name="corrupt")),  # a fresh run where one with a checkpoint lives: never mixed
     ]
     with ThreadPoolExecutor(4) as pool:  # each case is a fresh interpreter importing torch: run them side by side
         outs = list(pool.map(lambda args: assay(*args), cases))

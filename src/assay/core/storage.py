@@ -6,6 +6,7 @@ leaves everything already recorded readable."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,6 +22,8 @@ from assay.core.atomic import atomic_write as atomic_write  # re-exported for th
 from assay.core.errors import AssayError
 from assay.core.loggers import RunInfo, close_sinks, open_sinks
 from assay.core.types import Message, Task, ToolCall, ToolSpec, Trajectory
+
+log = logging.getLogger(__name__)
 
 # Parquet columns, derived from the dataclasses so the schema cannot drift from them: a Trajectory's
 # fields and its Task's, flattened (one env_hash: the trajectory's, else the task's), plus the step.
@@ -188,8 +191,27 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-def prepare_run_dir(root: str | Path, name: str) -> Path:
+def holds_run(run_dir: Path) -> bool:
+    """Whether a directory already holds a run that got somewhere: a checkpoint, a saved policy or a summary
+    (metrics alone are an attempt that died before its first checkpoint, which a restart redoes from the start
+    and marks in the log)."""
+    return (any((run_dir / "checkpoints").glob("step_*")) or (run_dir / "policy").is_dir()
+            or (run_dir / "summary.json").is_file())
+
+
+def prepare_run_dir(root: str | Path, name: str, existing: Literal["reuse", "refuse", "move"] = "reuse") -> Path:
+    """RUN_DIR/NAME, made and checked writable. Where it already holds a run, a fresh run must not mix its
+    records with the old ones (metrics appended to theirs, their checkpoint taken for its last):
+    `refuse` says so, `move` renames the old run aside (NAME.prev-TIME) and starts clean; `reuse` is for
+    a resume and for the parts of one job."""
     run_dir = Path(root) / name
+    if existing != "reuse" and holds_run(run_dir):
+        if existing == "refuse":
+            raise AssayError(f"{run_dir} already holds a run (checkpoints, a policy or a summary); continue it "
+                             f"with `assay train --resume {run_dir}`, or start a new one under another name=NAME")
+        aside = run_dir.with_name(f"{run_dir.name}.prev-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+        run_dir.rename(aside)
+        log.warning("%s held an earlier run: moved to %s", run_dir, aside)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".write-test"

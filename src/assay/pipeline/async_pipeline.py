@@ -250,6 +250,6 @@ def run_training(config: Config | dict[str, Any] | str | Path, overrides: Sequen
         cfg = build_config(config, list(overrides))
     else:
         cfg = load_config(config, list(overrides))
-    run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
+    run_dir = prepare_run_dir(cfg.run_dir, cfg.name, existing="refuse")
     make_pipeline(cfg, run_dir, given=Given(envs or {}, policy, backend)).run()
     return run_dir

@@ -169,7 +169,7 @@ def summary_table(rows: list[dict[str, Any]], held_out: bool, mean: dict[str, fl
 
 def run_quickstart(cfg: Config, console: Console | None = None) -> list[dict[str, Any]]:
     console = console or Console()
-    run_dir = prepare_run_dir(cfg.run_dir, cfg.name)
+    run_dir = prepare_run_dir(cfg.run_dir, cfg.name, existing="move")  # a second quickstart keeps the first
     sft_dir = prepare_run_dir(run_dir, "sft")
     seconds: dict[str, float] = {}
     clock = time.perf_counter()

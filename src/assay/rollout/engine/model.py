@@ -12,6 +12,7 @@ QKV and MLP biases, tied embeddings, and Qwen3's RMSNorm of each head's queries 
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +97,17 @@ class PagedModel:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         itemsize = next(model.parameters()).element_size()
         return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * head_dim * itemsize
+
+    @staticmethod
+    def cache_mb_for(model: PreTrainedModel, tokens: int, floor_mb: int = 512, share_of_free: float = 0.25) -> int:
+        """A KV budget that holds `tokens` at once (so a batch runs whole, not a slice at a time behind a
+        small cache), at least `floor_mb` and at most `share_of_free` of the memory free now."""
+        need = tokens * PagedModel.bytes_per_block(model, 1)
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):  # not a Linux-like system: trust the floor
+            free = 0
+        return max(floor_mb, min(need, int(free * share_of_free)) >> 20)
 
     def copy_block(self, src: int, dst: int) -> None:
         self.k_cache[:, dst].copy_(self.k_cache[:, src])
