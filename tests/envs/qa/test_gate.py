@@ -389,6 +389,7 @@ def check_loophole(env, name, klass, cfg, wrong=None):
     from assay.envs.qa.strategies import other_reference
 
     report = run_gate(env, cfg)
+    assert not report.passed
     assert "reference" not in failed_gates(report), [f.line() for f in report.failures]  # a correct reference
     won = won_by(report, name)
     assert won, [f.line() for f in report.failures]
@@ -462,3 +463,33 @@ def test_the_loophole_helpers():
     task = get_task(get_env("codegen"), 3, 0)
     assert lh.shown_examples(task) and all(isinstance(args, list) for args, _ in lh.shown_examples(task))
     assert "12 or 13 or 14" in lh.joined(" or ")(task, []).content
+
+
+def test_a_program_doing_no_work_that_passes_within_its_tolerance_is_said():
+    """A weak task or two is chance for the environment (no failure), but each is named in a warning."""
+    from assay.envs.qa.gate import CheatTally, GateReport, _chance_checks
+    from assay.envs.qa.strategies import CHEATERS
+
+    identity = next(c for c in CHEATERS if c.name == "return the argument")
+    report = GateReport("x@1", "h", {}, "code", {})
+    counts = {identity.name: CheatTally(passed=1, tried=8, won=["level 4 seed 7"])}
+    _chance_checks(report, {1: [get_task(get_env("codegen"), 1, 0)]}, [identity], counts, {})
+    assert not report.failures
+    assert any("'return the argument'" in w and "level 4 seed 7 have hidden tests that hold without the work" in w
+               for w in report.warnings), report.warnings
+    counts[identity.name] = CheatTally(passed=8, tried=8)
+    _chance_checks(report, {1: [get_task(get_env("codegen"), 1, 0)]}, [identity], counts, {})
+    assert any("'return the argument'" in f.reason and "class tests, tolerance 5%" in f.reason
+               for f in report.failures)
+
+
+def test_a_cheater_that_gets_an_infrastructure_failure_instead_of_a_reward_is_said():
+    from assay.envs.qa.gate import CheatTally, GateReport, _chance_checks
+    from assay.envs.qa.strategies import CHEATERS
+
+    huge = next(c for c in CHEATERS if c.name == "a huge number")
+    report = GateReport("x@1", "h", {}, "answer", {})
+    _chance_checks(report, {1: [get_task(get_env("arith"), 1, 0)]}, [huge], {huge.name: CheatTally(tried=8, infra=8)}, {})
+    assert not report.failures and report.cheaters[huge.name]["infra"] == 8
+    assert any("'a huge number'" in w and "infrastructure failure, not a reward, on 8 of 8 tasks" in w
+               for w in report.warnings), report.warnings

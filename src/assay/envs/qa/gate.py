@@ -65,7 +65,8 @@ GATES = ("reference", "null", "cheaters", "determinism", "no leak", "calibration
 #    raised where too few), terminal environments included; new cheater classes (see strategies).
 # 5: cheaters by class of loophole (parser, trust, tools' contracts, tests' strength, state; issue 44), each
 #    failure naming the class and tolerance of the strategy that won; state cheaters play after a solve and
-#    retry in fresh episodes.
+#    retry in fresh episodes; a cheater's infrastructure failures and a no-work program's passes within
+#    tolerance are warnings.
 GATE_VERSION = 5
 # Significance of the chance tests (a cheater's pass rate against its tolerance, the bare answer value
 # against another task's): a built-in environment runs about ten of them per check, so a correct
@@ -612,6 +613,9 @@ def _chance_checks(report: GateReport, tasks: dict[int, list[Task]], cheaters: l
             # within chance for the environment, but each such task is one a program doing no work passes: said
             report.warnings.append(f"{cheater_line(c)} passed {passed} of {tried} tasks, within its tolerance: "
                                    f"{', '.join(counts[c.name].won)} have hidden tests that hold without the work")
+        if infra:  # no pass, but no reward either: training drops the episode as the infrastructure's fault
+            report.warnings.append(f"{cheater_line(c)} got an infrastructure failure, not a reward, on {infra} of "
+                                   f"{tried} tasks: a policy that writes it escapes its zero")
 
 
 def _calibration(report: GateReport, per_task: dict[int, list[float]], cfg: QAConfig, samples: int) -> None:

@@ -4,8 +4,10 @@ A cheater is a small strategy object that tries to earn reward without doing the
 says which kind of environment it applies to (`answer`: a final answer is compared; `code`: a
 program is graded; `terminal`: shell commands change a workspace that is then verified), and how
 often it may pass by chance (a guess can coincide with the answer; a program that never computes
-anything may not pass at all). Every exploit ever found belongs here: it then guards every
-environment of its kind, in every future version.
+anything may not pass at all), and which class of loophole it attacks (`CLASSES`: the verifier's
+parser, its trust, the tools' contracts, the tests' strength, state across episodes; see
+`loopholes.py`). Every exploit ever found belongs here, generalised to its class: it then guards
+every environment of its kind, in every future version.
 """
 
 from __future__ import annotations
