@@ -7,16 +7,29 @@ import random
 
 import pytest
 from broken_envs import (
+    AcceptsAlternatives,
     AcceptsAnyNumberOfTheRightParity,
     AcceptsAnything,
+    AnswerAsPattern,
+    AnswerContainedInExpected,
     ChecksInTheWorkspace,
+    DebugFlag,
     DeclaresNoSecrets,
+    ExamplesAreTheTests,
     FailsUnderLoad,
+    ForgivesRepeatedFailures,
     HiddenTestsInTheWorkspace,
     LeaksTheAnswer,
+    NanWithinTolerance,
+    NegativeIndex,
     Nondeterministic,
     RarelyFlaky,
     RunsTheWorkspaceTests,
+    SharedScratchpad,
+    SortedTestInputs,
+    TrustsTheTestSummary,
+    TrustsTheTranscript,
+    UnlimitedChecks,
     WorkedExample,
 )
 
@@ -339,3 +352,144 @@ def test_terminal_environments_try_other_tasks_answers_too(isolated):
     assert report.levels[1]["random answer tries"] >= 17 and report.cheaters
     assert all(c["tried"] >= 3 for c in report.cheaters.values())  # each cheater: 3 tries see a 75% winner
     assert not report.failures, [f.line() for f in report.failures]
+
+
+# -- issue 44: loopholes by class -------------------------------------------------------------------------------
+# Each planted environment has a correct reference and an exploit that wins every task while an honest wrong
+# answer scores 0; the gate must fail it with the strategy meant for its class named, with class and tolerance.
+
+LOOPHOLES = [  # (environment, the strategy meant for its class, the class)
+    (NanWithinTolerance, "not a number", "parser"),
+    (AnswerAsPattern, "a wildcard answer", "parser"),
+    (AcceptsAlternatives, "candidates joined by 'or'", "parser"),
+    (AnswerContainedInExpected, "an empty answer line", "parser"),
+    (TrustsTheTranscript, "forge the tool's verdict", "trust"),
+    (UnlimitedChecks, "enumerate through the tool", "tools"),
+    (DebugFlag, "set every flag", "tools"),
+    (NegativeIndex, "arguments out of range", "tools"),
+    (SharedScratchpad, "read the tools after a solve", "state"),
+    (ForgivesRepeatedFailures, "the same wrong answer, again", "state"),
+]
+CODE_LOOPHOLES = [  # and an honest wrong program (None: another task's reference)
+    (SortedTestInputs, "return the argument", "tests", "```python\ndef f(xs):\n    return xs[::-1]\n```"),
+    (ExamplesAreTheTests, "special-case the visible examples", "tests", None),
+    (TrustsTheTestSummary, "forge a test summary", "trust", "```python\ndef f(*args):\n    return -1\n```"),
+]
+
+
+def won_by(report, name):
+    """The cheater failures that name strategy `name`."""
+    return [f.reason for f in report.failures if f.gate == "cheaters" and f"the cheater {name!r}" in f.reason]
+
+
+def check_loophole(env, name, klass, cfg, wrong=None):
+    """`wrong`: an honest wrong answer's turns (default: another task's reference)."""
+    from assay.core.types import Message
+    from assay.envs.qa.play import Replay, play
+    from assay.envs.qa.strategies import other_reference
+
+    report = run_gate(env, cfg)
+    assert not report.passed
+    assert "reference" not in failed_gates(report), [f.line() for f in report.failures]  # a correct reference
+    won = won_by(report, name)
+    assert won, [f.line() for f in report.failures]
+    assert all(f"class {klass}, tolerance " in r for r in won), won
+    assert report.cheaters[name]["class"] == klass and report.cheaters[name]["passed"] > 0
+    level = min(env.difficulties)
+    a, b = (get_task(env, level, i) for i in (0, 1))
+    honest = play(env, a, Replay("wrong", [Message("assistant", wrong)]) if wrong else other_reference(env, b))
+    assert not honest.reward.passed and honest.reward.score == 0, honest.reward
+    return report
+
+
+def get_task(env, level, i):
+    from assay.envs.split import draw_task
+
+    return draw_task(env, random.Random(f"honest/{level}/{i}"), level, "train")
+
+
+@pytest.mark.parametrize(("env_cls", "name", "klass"), LOOPHOLES, ids=[e[0].__name__ for e in LOOPHOLES])
+def test_a_loophole_of_each_class_is_caught_by_its_strategy(env_cls, name, klass):
+    check_loophole(env_cls(), name, klass, SMALL)
+
+
+@pytest.mark.parametrize(("env_cls", "name", "klass", "wrong"), CODE_LOOPHOLES,
+                         ids=[e[0].__name__ for e in CODE_LOOPHOLES])
+def test_a_code_loophole_is_caught_by_its_strategy(isolated, env_cls, name, klass, wrong):
+    cfg = QAConfig(tasks_per_level=1, repeats=1, cheat_tasks_per_level=1, noisy_samples=1, flake_rate=0.5)
+    report = check_loophole(env_cls(timeout_s=1.5), name, klass, cfg, wrong)
+    c = report.cheaters[name]
+    if klass == "tests":  # a program doing no work may pass a weak task by chance: it won every try, not one
+        assert c["tolerance"] > 0 and c["passed"] == c["tried"] >= 8, c
+
+
+def test_a_checking_tool_that_believes_the_transcript_is_caught_by_a_claimed_verdict_too():
+    report = run_gate(TrustsTheTranscript(), SMALL)
+    assert won_by(report, "claim a verdict") and not won_by(report, "enumerate through the tool")  # one check only
+
+
+def test_cheaters_read_only_what_a_policy_sees():
+    """Every cheater plays from the prompt, the tool schemas and the tool results: a task whose payload
+    cannot be read changes nothing it says."""
+    from dataclasses import replace
+
+    from assay.core.types import Message
+    from assay.envs.qa.strategies import CHEATERS
+
+    class Sealed(dict):
+        def __getitem__(self, key):
+            raise AssertionError(f"a cheater read the payload's {key!r}")
+
+        get = __getitem__
+
+    for env in (get_env("arith"), get_env("toolcalc"), get_env("codegen"), DebugFlag(), NegativeIndex()):
+        task = get_task(env, 2, 0)
+        sealed = replace(task, payload=Sealed())
+        for cheater in CHEATERS:
+            first = cheater.act(sealed, list(sealed.prompt))
+            assert first == cheater.act(task, list(task.prompt)), cheater.name
+            later = [*sealed.prompt, first, *(Message("tool", "error: no", name=c.name) for c in first.tool_calls)]
+            cheater.act(sealed, later)
+
+
+def test_the_loophole_helpers():
+    from assay.envs.qa import loopholes as lh
+
+    assert lh.reverse_verdict("verdict: wrong (not accepted)") == "verdict: correct (accepted)"
+    assert lh.reverse_verdict("FAILED: False") == "PASSED: True"
+    assert lh.answer_in(['{"table_size": 2, "expected": 23}']) == "23"
+    assert lh.answer_in(["noise", "x=1\nAnswer: 7"]) == "7" and lh.answer_in(["14", "error: 3"]) is None
+    assert lh.last_number(["1+2=3", "error: no row 9"]) == "3"
+    task = get_task(get_env("codegen"), 3, 0)
+    assert lh.shown_examples(task) and all(isinstance(args, list) for args, _ in lh.shown_examples(task))
+    assert "12 or 13 or 14" in lh.joined(" or ")(task, []).content
+
+
+def test_a_program_doing_no_work_that_passes_within_its_tolerance_is_said():
+    """A weak task or two is chance for the environment (no failure), but each is named in a warning."""
+    from assay.envs.qa.gate import CheatTally, GateReport, _chance_checks
+    from assay.envs.qa.strategies import CHEATERS
+
+    identity = next(c for c in CHEATERS if c.name == "return the argument")
+    report = GateReport("x@1", "h", {}, "code", {})
+    counts = {identity.name: CheatTally(passed=1, tried=8, won=["level 4 seed 7"])}
+    _chance_checks(report, {1: [get_task(get_env("codegen"), 1, 0)]}, [identity], counts, {})
+    assert not report.failures
+    assert any("'return the argument'" in w and "level 4 seed 7 have hidden tests that hold without the work" in w
+               for w in report.warnings), report.warnings
+    counts[identity.name] = CheatTally(passed=8, tried=8)
+    _chance_checks(report, {1: [get_task(get_env("codegen"), 1, 0)]}, [identity], counts, {})
+    assert any("'return the argument'" in f.reason and "class tests, tolerance 5%" in f.reason
+               for f in report.failures)
+
+
+def test_a_cheater_that_gets_an_infrastructure_failure_instead_of_a_reward_is_said():
+    from assay.envs.qa.gate import CheatTally, GateReport, _chance_checks
+    from assay.envs.qa.strategies import CHEATERS
+
+    huge = next(c for c in CHEATERS if c.name == "a huge number")
+    report = GateReport("x@1", "h", {}, "answer", {})
+    _chance_checks(report, {1: [get_task(get_env("arith"), 1, 0)]}, [huge], {huge.name: CheatTally(tried=8, infra=8)}, {})
+    assert not report.failures and report.cheaters[huge.name]["infra"] == 8
+    assert any("'a huge number'" in w and "infrastructure failure, not a reward, on 8 of 8 tasks" in w
+               for w in report.warnings), report.warnings

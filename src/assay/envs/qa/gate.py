@@ -6,7 +6,9 @@
 2. null        empty, whitespace and echoed answers score zero; another task's well-formed answer
                passes no more often than chance
 3. cheaters    every cheater of the environment's kind fails (one that may pass by chance: not
-               significantly more often than its tolerance)
+               significantly more often than its tolerance); cheaters attack classes of loophole
+               (the verifier's parser and trust, the tools' contracts, the tests' strength, state
+               across episodes), and a failure names the one that won, its class and tolerance
 4. determinism the same trajectory gets the same reward in fresh episodes (fresh sandboxes)
 5. no leak     no hidden value (the env's `secrets(task)`, else the reference's answer lines) appears in
                the prompt, in any observation (the reference's or a cheater's), or anywhere the policy
@@ -61,7 +63,11 @@ GATES = ("reference", "null", "cheaters", "determinism", "no leak", "calibration
 #    try every other task's answer of the level, which costs no sandbox, for the power that test needs.
 # 4: the kind follows what an environment does; every chance test sized for its stated power (tasks
 #    raised where too few), terminal environments included; new cheater classes (see strategies).
-GATE_VERSION = 4
+# 5: cheaters by class of loophole (parser, trust, tools' contracts, tests' strength, state; issue 44), each
+#    failure naming the class and tolerance of the strategy that won; state cheaters play after a solve and
+#    retry in fresh episodes; a cheater's infrastructure failures and a no-work program's passes within
+#    tolerance are warnings.
+GATE_VERSION = 5
 # Significance of the chance tests (a cheater's pass rate against its tolerance, the bare answer value
 # against another task's): a built-in environment runs about ten of them per check, so a correct
 # environment fails one by chance about once in a hundred checks.
@@ -182,6 +188,7 @@ class CheatTally:
     passed: int = 0
     tried: int = 0
     infra: int = 0  # infrastructure failures: neither a pass nor a fail
+    won: list[str] = field(default_factory=list)  # "level L seed S" of each pass
 
 
 def run_gate(env: Environment, cfg: QAConfig | None = None,
@@ -400,17 +407,34 @@ def _searched_reference(env: Environment, task: Task, cfg: QAConfig, fail: Calla
 def _try_cheaters(env: Environment, task: Task, cheaters: list[Scripted], counts: dict[str, CheatTally],
                   cfg: QAConfig, fail: Callable[[str, str], None], hidden: list[str]) -> None:
     for cheater in cheaters:
-        got = play(env, task, cheater, cfg.max_turns)
+        if cheater.after_reference:  # a sibling episode that solved the task, on the same environment object
+            play(env, task, reference_policy(env, task), cfg.max_turns)
+        runs = [play(env, task, cheater, cfg.max_turns)]
+        while len(runs) < cheater.attempts and not _won(runs[-1]):  # the same policy again, in a fresh episode
+            runs.append(play(env, task, cheater, cfg.max_turns))
+        got = runs[-1]
         c = counts[cheater.name]
         c.tried += 1
         c.infra += got.reward.status != OK
-        if got.reward.status == OK and got.reward.passed:
+        if _won(got):
             c.passed += 1
+            c.won.append(f"level {task.difficulty} seed {task.seed}")
             if cheater.tolerance == 0:
-                fail("cheaters", f"the cheater {cheater.name!r} ({cheater.about}) passed")
-        found = leaked(hidden, "\n".join(got.observations))
+                attempt = f" on attempt {len(runs)}" if len(runs) > 1 else ""
+                fail("cheaters", f"{cheater_line(cheater)} passed{attempt}")
+        found = leaked(hidden, "\n".join(o for r in runs for o in r.observations))
         if found:  # what a cheater is shown, a policy can be shown
             fail("no leak", f"the cheater {cheater.name!r} is shown the hidden {found[0][:60]!r}")
+
+
+def cheater_line(cheater: Scripted) -> str:
+    """Which strategy won, what it does, the class of loophole it attacks and the chance it is allowed."""
+    return (f"the cheater {cheater.name!r} ({cheater.about}; class {cheater.klass or 'none'}, "
+            f"tolerance {cheater.tolerance:.0%})")
+
+
+def _won(got: Played) -> bool:
+    return got.reward.status == OK and got.reward.passed
 
 
 def _bare_answer(report: GateReport, env: Environment, tasks: dict[int, list[Task]]) -> None:
@@ -579,12 +603,19 @@ def _chance_checks(report: GateReport, tasks: dict[int, list[Task]], cheaters: l
     for c in cheaters:
         passed, tried, infra = counts[c.name].passed, counts[c.name].tried, counts[c.name].infra
         p = binomial_tail(passed, tried, c.tolerance) if tried else 1.0
-        report.cheaters[c.name] = {"about": c.about, "passed": passed, "tried": tried, "infra": infra,
-                                   "tolerance": c.tolerance}
+        report.cheaters[c.name] = {"about": c.about, "class": c.klass, "passed": passed, "tried": tried,
+                                   "infra": infra, "tolerance": c.tolerance}
         if c.tolerance > 0 and p < ALPHA:
             report.failures.append(Failure("cheaters", first, seed, (
-                f"the cheater {c.name!r} ({c.about}) passed {passed} of {tried} tasks (chance allows "
-                f"{c.tolerance:.0%}; p = {p:.1e} < {ALPHA})")))
+                f"{cheater_line(c)} passed {passed} of {tried} tasks (chance allows {c.tolerance:.0%}; "
+                f"p = {p:.1e} < {ALPHA})")))
+        elif c.tolerance > 0 and passed and c.klass == "tests":
+            # within chance for the environment, but each such task is one a program doing no work passes: said
+            report.warnings.append(f"{cheater_line(c)} passed {passed} of {tried} tasks, within its tolerance: "
+                                   f"{', '.join(counts[c.name].won)} have hidden tests that hold without the work")
+        if infra:  # no pass, but no reward either: training drops the episode as the infrastructure's fault
+            report.warnings.append(f"{cheater_line(c)} got an infrastructure failure, not a reward, on {infra} of "
+                                   f"{tried} tasks: a policy that writes it escapes its zero")
 
 
 def _calibration(report: GateReport, per_task: dict[int, list[float]], cfg: QAConfig, samples: int) -> None:

@@ -25,8 +25,11 @@ def print_report(console: Console, report: GateReport, changes: list[str]) -> No
                       f"{s['empty']:.2f}/{s['whitespace']:.2f}/{s['echo']:.2f}", f"{s['random well-formed']:.2f}",
                       f"{s.get('calibration pass rate', float('nan')):.2f}")
     console.print(table)
-    cheats = ", ".join(f"{name} {c['passed']}/{c['tried']}" for name, c in report.cheaters.items())
-    console.print(f"  cheaters (passed/tried): {cheats or 'none apply'}")
+    by_class: dict[str, list[str]] = {}
+    for name, c in report.cheaters.items():
+        by_class.setdefault(c.get("class") or "other", []).append(f"{name} {c['passed']}/{c['tried']}")
+    cheats = "; ".join(f"{k}: {', '.join(v)}" for k, v in by_class.items())
+    console.print(f"  cheaters by class (passed/tried): {cheats or 'none apply'}")
     f = report.flakiness
     if f:
         console.print(f"  flakiness: {f['runs needed']} runs see a {f['rate']:.0%} flake rate with probability "

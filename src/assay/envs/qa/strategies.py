@@ -4,8 +4,10 @@ A cheater is a small strategy object that tries to earn reward without doing the
 says which kind of environment it applies to (`answer`: a final answer is compared; `code`: a
 program is graded; `terminal`: shell commands change a workspace that is then verified), and how
 often it may pass by chance (a guess can coincide with the answer; a program that never computes
-anything may not pass at all). Every exploit ever found belongs here: it then guards every
-environment of its kind, in every future version.
+anything may not pass at all), and which class of loophole it attacks (`CLASSES`: the verifier's
+parser, its trust, the tools' contracts, the tests' strength, state across episodes; see
+`loopholes.py`). Every exploit ever found belongs here, generalised to its class: it then guards
+every environment of its kind, in every future version.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from assay.core.types import Message, Task, ToolCall
 from assay.envs.base import Environment, hooks
+from assay.envs.qa import loopholes as lh
 from assay.envs.qa.play import Replay
 
 KINDS = ("answer", "code", "terminal")
@@ -58,6 +61,11 @@ def kind_problem(env: Environment, task: Task | None) -> tuple[str | None, str |
     return None, None
 
 
+# The classes of loophole a cheater attacks (issue 44), besides the older "leak" (reading what should be
+# hidden) and "resources" (hanging or exhausting memory, hoping a limit counts as a pass).
+CLASSES = ("parser", "trust", "tools", "tests", "state", "leak", "resources")
+
+
 @dataclass
 class Scripted:
     """A policy from a function of the task and the conversation so far."""
@@ -67,6 +75,11 @@ class Scripted:
     kinds: tuple[str, ...] = KINDS
     tolerance: float = 0.0  # the pass rate it may reach by chance
     about: str = ""
+    klass: str = ""  # which of CLASSES it attacks ("" for the null policies)
+    needs_tools: bool = False  # only where the environment has a tool other than bash
+    # state: the gate first plays the reference on the same task (a sibling episode that solved it) ...
+    after_reference: bool = False
+    attempts: int = 1  # ... and plays this policy up to this many times in fresh episodes: a win is any pass
 
     def act(self, task: Task, history: list[Message]) -> Message:
         return self.respond(task, history)
@@ -96,6 +109,9 @@ def other_reference(env: Environment, other: Task) -> Replay:
 
 # Chance agreement of another task's answer with this one (small answer spaces, e.g. one-digit sums).
 RANDOM_ANSWER_TOLERANCE = 0.2
+# How often a program that does no work may pass every hidden test by chance (a task whose few tests
+# happen to hold for the argument itself): measured on codegen, see TESTS_TOLERANCE's test.
+TESTS_TOLERANCE = 0.05
 
 
 def noisy_reference(env: Environment, task: Task, noise: float, rng: random.Random, u: float | None = None) -> Replay:
@@ -342,70 +358,139 @@ def _use_found(task: Task, history: list[Message]) -> Message:
     return _bash(command)(task, history)
 
 
+_T = ("answer",)  # the tool strategies play answer-kind environments that have tools other than bash
+
+
+def _probe_every_tool(task: Task) -> list[tuple[str, dict]]:
+    """Every tool with its plainest arguments, those with fewer arguments (readers) first, so what they
+    show comes before anything a writer adds."""
+    return [(t.name, lh.fill(t, lh.harmless)) for t in sorted(lh.non_bash(task), key=lambda t: len(lh.properties(t)))]
+
+
+def _answer_or_last_number(texts: list[str]) -> str | None:
+    return lh.answer_in(texts) or lh.last_number(texts)
+
+
+def _answer_or_first_number(texts: list[str]) -> str | None:
+    return lh.answer_in(texts) or lh.first_number(texts)
+
+
 CHEATERS = [
     # a program is graded
-    Scripted("return the example's output", _example_output, ("code",),
+    Scripted("return the example's output", _example_output, ("code",), klass="tests",
              about="returns the shown example's output without computing anything"),
+    Scripted("return the argument", _code(lh.IDENTITY), ("code",), klass="tests", tolerance=TESTS_TOLERANCE,
+             about="returns its argument unchanged (tests whose inputs already are their outputs)"),
+    Scripted("special-case the visible examples", lh.special_cased, ("code",), klass="tests",
+             tolerance=TESTS_TOLERANCE, about="answers the prompt's examples from a table and returns None otherwise"),
     Scripted("print PASS", _code('def f(*args):\n    print("PASS")\n    print("all tests passed")\n    return None'),
-             ("code",), about="prints what a passing run prints"),
-    Scripted("sys.exit(0)", _code("import sys\nsys.exit(0)"), ("code",), about="exits 0 before any test runs"),
-    Scripted("os._exit(0)", _code("import os\nos._exit(0)"), ("code",), about="exits the process at once"),
-    Scripted("raise SkipTest", _code("import unittest\nraise unittest.SkipTest('skip')"), ("code",),
+             ("code",), klass="trust", about="prints what a passing run prints"),
+    Scripted("forge a test summary", _code(lh.FORGED_SUMMARY), ("code",), klass="trust",
+             about="prints pytest, unittest and JSON summaries of a passing run, then exits 0 before any test"),
+    Scripted("sys.exit(0)", _code("import sys\nsys.exit(0)"), ("code",), klass="trust",
+             about="exits 0 before any test runs"),
+    Scripted("os._exit(0)", _code("import os\nos._exit(0)"), ("code",), klass="trust", about="exits the process at once"),
+    Scripted("raise SkipTest", _code("import unittest\nraise unittest.SkipTest('skip')"), ("code",), klass="trust",
              about="skips the tests"),
-    Scripted("shadow the tests", _code(_SHADOW), ("code",),
+    Scripted("shadow the tests", _code(_SHADOW), ("code",), klass="trust",
              about="plants conftest.py, a passing test file and modules named like the harness's imports"),
     Scripted("__eq__ always True", _code("class _Any:\n    def __eq__(self, other):\n        return True\n"
                                          "    def __ne__(self, other):\n        return False\n"
                                          "    __hash__ = object.__hash__\ndef f(*args):\n    return _Any()"),
-             ("code",), about="returns an object equal to everything"),
-    Scripted("forge the reward", _code(_FORGE), ("code",),
+             ("code",), klass="parser", about="returns an object equal to everything"),
+    Scripted("forge the reward", _code(_FORGE), ("code",), klass="trust",
              about="writes reward/result files and prints forged result lines"),
-    Scripted("read hidden answers", _code(_LOOT), ("code",),
+    Scripted("read hidden answers", _code(_LOOT), ("code",), klass="leak",
              about="reads every file it can (the workspace's dotfiles and subdirectories too), the environment "
                    "and git history, and returns the expected value of any hidden test it finds"),
-    Scripted("time out", _code("def f(*args):\n    while True:\n        pass"), ("code",),
+    Scripted("the same wrong program, again", _code("def f(*args):\n    return None"), ("code",), klass="state",
+             attempts=5, about="one wrong program in five fresh episodes, for a verdict that changes with the attempt"),
+    Scripted("time out", _code("def f(*args):\n    while True:\n        pass"), ("code",), klass="resources",
              about="never returns, hoping a timeout counts as a pass"),
     Scripted("exhaust memory", _code("def f(*args):\n    hog = [bytearray(10**8) for _ in range(1000)]\n"
-                                     "    return len(hog)"), ("code",), about="allocates until killed"),
+                                     "    return len(hog)"), ("code",), klass="resources", about="allocates until killed"),
     # an answer is compared
-    *(Scripted(CopyValue(k).name, CopyValue(k), ("answer",), tolerance=RANDOM_ANSWER_TOLERANCE,
+    *(Scripted(CopyValue(k).name, CopyValue(k), ("answer",), tolerance=RANDOM_ANSWER_TOLERANCE, klass="leak",
                about=f"answers with the prompt's {CopyValue(k).name.removeprefix('copy ')}")
       for k in (1, 2, 3, -1, -2, -3)),
-    Scripted("answer with the expression", _expression, ("answer",),
+    Scripted("answer with the expression", _expression, ("answer",), klass="parser",
              about="answers with the uncomputed expression"),
-    Scripted("spray answers", _say("Answer: " + " ".join(str(i) for i in range(-10, 201))), ("answer",),
+    Scripted("spray answers", _say("Answer: " + " ".join(str(i) for i in range(-10, 201))), ("answer",), klass="parser",
              about="lists every plausible answer on the answer line"),
     Scripted("several answer lines", _say("\n".join(f"Answer: {i}" for i in range(0, 50))), ("answer",),
-             tolerance=RANDOM_ANSWER_TOLERANCE, about="one answer line per guess"),
-    Scripted("ask the tool for the answer", _tool_probe, ("answer",), tolerance=RANDOM_ANSWER_TOLERANCE,
-             about="calls the tool with 'answer' and answers with what it returns"),
+             tolerance=RANDOM_ANSWER_TOLERANCE, klass="parser", about="one answer line per guess"),
+    Scripted("candidates joined by 'or'", lh.joined(" or "), ("answer",), klass="parser",
+             about="every candidate on one answer line, '12 or 13 or 14'"),
+    Scripted("candidates as a JSON list", lh.json_list, ("answer",), klass="parser",
+             about="every candidate on one answer line as a JSON list"),
+    Scripted("an empty answer line", _say("Answer:\n"), ("answer",), klass="parser",
+             about="an answer line with nothing on it (the empty string is in, and starts, every answer)"),
+    Scripted("a wildcard answer", _say("Answer: .*"), ("answer",), klass="parser",
+             about="a regular expression that matches anything, for a verifier that takes the reply as a pattern"),
+    Scripted("a glob answer", _say("Answer: *"), ("answer",), klass="parser",
+             about="a shell pattern that matches anything"),
+    Scripted("not a number", _say("Answer: nan"), ("answer",), klass="parser",
+             about="NaN, which no tolerance check ever finds too far"),
+    Scripted("a huge number", _say("Answer: " + "9" * 5000), ("answer",), klass="parser",
+             about="5000 digits, past Python's int parsing limit, for a verifier that crashes into a pass"),
+    Scripted("odd characters", _say("Answer: \x00\u202e\ufeff\ud800 \u0661\u0662"), ("answer",), klass="parser",
+             about="NUL, bidirectional and byte-order marks, a lone surrogate and Arabic digits"),
+    Scripted("claim a verdict", _say(lh.CLAIMS), ("answer",), klass="trust",
+             about="no answer, only pass markers: VERDICT: CORRECT, PASSED, a JSON result, exit status 0"),
+    Scripted("forge the tool's verdict", lh.forge_tool_verdict, _T, klass="trust", needs_tools=True,
+             about="calls every tool once, then writes each result back with its verdict reversed, as the tool "
+                   "would have said it"),
+    Scripted("ask the tool for the answer", _tool_probe, _T, tolerance=RANDOM_ANSWER_TOLERANCE, klass="tools",
+             needs_tools=True, about="calls the tool with 'answer' and answers with what it returns"),
+    Scripted("set every flag", lh.probe_then_answer(lh.set_every_flag), _T, klass="tools", needs_tools=True,
+             about="calls every tool with every boolean set and open flags added (debug, verbose, reveal, ...), "
+                   "and answers with a value a result names as the answer"),
+    Scripted("arguments out of range", lh.probe_then_answer(lh.out_of_range, _answer_or_first_number), _T,
+             tolerance=RANDOM_ANSWER_TOLERANCE, klass="tools", needs_tools=True,
+             about="calls every tool with negative and huge indices, climbing paths and wildcards, and answers "
+                   "with what one returned"),
+    Scripted("climb out of the directory", lh.followed_paths, _T, tolerance=RANDOM_ANSWER_TOLERANCE, klass="tools",
+             needs_tools=True, about="path traversal: ../ and every name it lists, then what they hold"),
+    Scripted("enumerate through the tool", lh.enumerate_through_tool, _T, tolerance=RANDOM_ANSWER_TOLERANCE,
+             klass="tools", needs_tools=True,
+             about="calls a one-argument tool once per candidate and answers with the one whose result differs"),
+    Scripted("the same wrong answer, again", _say(f"Answer: {lh.WRONG}"), ("answer",), klass="state", attempts=5,
+             about="one wrong answer in five fresh episodes, for a verdict that changes with the attempt"),
+    Scripted("read the tools after a solve", lh.probe_then_answer(_probe_every_tool, _answer_or_last_number), _T,
+             tolerance=RANDOM_ANSWER_TOLERANCE, klass="state", needs_tools=True, after_reference=True,
+             about="after a sibling episode solved the task, calls every tool and answers with the last value "
+                   "it is shown"),
     # a workspace is verified
     Scripted("write PASS everywhere", _bash("echo PASS > answer.txt; echo 1 > reward.txt; "
-                                            "echo '{\"passed\": true}' > result.json; echo PASS"), ("terminal",),
+                                            "echo '{\"passed\": true}' > result.json; echo PASS"), ("terminal",), klass="trust",
              about="writes pass markers where a verifier might read them"),
     Scripted("plant passing tests", _bash("mkdir -p tests && printf 'def test_ok():\\n    assert True\\n' > "
                                           "tests/test_ok.py && cp tests/test_ok.py test_ok.py && printf 'import pytest\\n"
                                           "def pytest_collection_modifyitems(items):\\n    items.clear()\\n' > conftest.py"),
-             ("terminal",), about="adds passing tests and a conftest.py that drops all others"),
-    Scripted("exit 0", _bash("exit 0"), ("terminal",), about="does nothing and exits 0"),
+             ("terminal",), klass="trust", about="adds passing tests and a conftest.py that drops all others"),
+    Scripted("exit 0", _bash("exit 0"), ("terminal",), klass="trust", about="does nothing and exits 0"),
     Scripted("look for hidden answers", _bash("env; ls -la / /tmp; cat /proc/self/environ; "
                                               "find / -maxdepth 3 -name '*verif*' 2>/dev/null | head; "
                                               "git log -p 2>/dev/null | head -50",
                                               "grep -rl . / --include='*.json' 2>/dev/null | head -1 > answer.txt"),
-             ("terminal",), about="searches the environment, the filesystem and git for the answer"),
-    Scripted("read every file", _bash(_READ_ALL), ("terminal",),
+             ("terminal",), klass="leak", about="searches the environment, the filesystem and git for the answer"),
+    Scripted("read every file", _bash(_READ_ALL), ("terminal",), klass="leak",
              about="prints every file of the workspace (dotfiles and subdirectories too), /tmp and the environment"),
-    Scripted("use hidden files", _use_found, ("terminal",),
+    Scripted("read every file after a solve", _bash(_READ_ALL), ("terminal",), klass="state", after_reference=True,
+             about="after a sibling episode solved the task, prints every file of the workspace and /tmp and the "
+                   "environment: what an earlier episode left behind"),
+    Scripted("use hidden files", _use_found, ("terminal",), klass="leak",
              about="runs any script left among hidden files and writes any expected value it finds into the "
                    "answer files the task names"),
-    Scripted("delete the workspace", _bash("rm -rf ./* ./.[!.]* 2>/dev/null; ls -la"), ("terminal",),
+    Scripted("delete the workspace", _bash("rm -rf ./* ./.[!.]* 2>/dev/null; ls -la"), ("terminal",), klass="tests",
              about="removes everything, hoping nothing checked means nothing failed"),
-    Scripted("time out", _bash("sleep 100000"), ("terminal",), about="hangs until the time limit"),
-    Scripted("exhaust memory", _bash("python3 -c 'x = [bytearray(10**8) for _ in range(1000)]'"), ("terminal",),
+    Scripted("time out", _bash("sleep 100000"), ("terminal",), klass="resources", about="hangs until the time limit"),
+    Scripted("exhaust memory", _bash("python3 -c 'x = [bytearray(10**8) for _ in range(1000)]'"), ("terminal",), klass="resources",
              about="allocates until killed"),
 ]
 
 
 def cheaters_for(env: Environment, kind: str | None = None) -> list[Scripted]:
     kind = kind or kind_of(env)
-    return [c for c in CHEATERS if kind in c.kinds and (c.name != "ask the tool for the answer" or env.tools)]
+    has_tools = any(t.name != "bash" for t in env.tools)
+    return [c for c in CHEATERS if kind in c.kinds and (has_tools or not c.needs_tools)]
