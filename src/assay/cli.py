@@ -145,7 +145,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
           difficulty: Annotated[list[int] | None, typer.Option(help="levels to cover (default: all)")] = None,
           temperature: float = _EVAL.temperature, seed: int = _EVAL.seed,
           max_new_tokens: int = _DOMAIN.max_new_tokens, max_turns: int = _EVAL.max_turns,
-          backend: Annotated[str, typer.Option(help="rollout backend: engine or hf")] = "engine",
+          backend: Annotated[str, typer.Option(help="rollout backend: engine, hf, vllm or a registered one")] = "engine",
           kv_cache_mb: Annotated[int, typer.Option(help="the engine's KV cache in MiB; 0: room for every episode "
                                                    "at once, up to a quarter of the free memory")] = 0,
           run: Annotated[Path | None, typer.Option(help="runs/NAME that trained the policy: check that no "
@@ -168,9 +168,10 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
     from assay.eval.endpoint import Endpoint
     from assay.eval.evaluate import eval_tasks
     from assay.eval.suite import load_suite, resolve_entries, suite_domains, suite_tasks
+    from assay.rollout.factory import backend_names
 
-    if backend not in ("engine", "hf"):
-        raise ConfigError(f"--backend must be engine or hf, got {backend!r}")
+    if backend not in backend_names():
+        raise ConfigError(f"--backend {backend!r} is no rollout backend; the known ones are {', '.join(backend_names())}")
     if kv_cache_mb < 0:
         raise ConfigError(f"--kv-cache-mb must be 0 (sized to the evaluation) or a number of MiB, got {kv_cache_mb}")
     if repeats < 1:
