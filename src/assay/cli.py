@@ -265,8 +265,10 @@ def _eval_policy(policy: Path | Endpoint, envs: dict[str, Environment], domains:
             from assay.agent.render import prompt_ids
             from assay.rollout.engine.model import PagedModel
 
-            longest = max(len(prompt_ids(tokenizer, t)) + domains[t.domain].max_new_tokens * domains[t.domain].max_turns
-                          for t in tasks)
+            def turns(t: Task) -> int:  # a tool-less episode answers once
+                return domains[t.domain].max_turns if envs[t.domain].tools else 1
+
+            longest = max(len(prompt_ids(tokenizer, t)) + domains[t.domain].max_new_tokens * turns(t) for t in tasks)
             rollout = rollout.model_copy(update={"kv_cache_mb": PagedModel.cache_mb_for(model, longest * n * len(tasks))})
         trajs = collect(make_backend(rollout, model, tokenizer), tokenizer, envs, domains, tasks, samples=n,
                         temperature=temperature, seed=seed)
