@@ -65,7 +65,7 @@ def test_unknown_version_lists_the_available_versions():
 
 
 def test_bad_env_args_name_what_the_environment_takes():
-    with pytest.raises(AssayError, match=r"bad env_args \['path'\].*it takes: no arguments"):
+    with pytest.raises(AssayError, match=r"bad env_args \(path: Extra inputs are not permitted\); it takes no arguments"):
         get_env("arith", path="x")
 
 
@@ -145,3 +145,25 @@ def test_two_classes_of_one_module_have_different_hashes():
     assert a["class"] != b["class"] and env_hash(_TwinA()) != env_hash(_TwinB())
     assert {k for k in a if a[k] != b[k]} == {"class"}
     assert a["class"] == hashlib.sha256(f"{__name__}._TwinA".encode()).hexdigest()[:12]
+
+
+def test_env_args_are_checked_against_the_constructors_typed_signature():
+    """A typo'd or mistyped env_arg is one error naming it and what the environment takes; config strings
+    are coerced as config values are; an environment taking **kwargs takes any name."""
+    import pytest
+
+    from assay.core.errors import AssayError
+    from assay.envs.registry import check_env_args, get_env
+
+    assert get_env("terminal", timeout_s="4").sandbox_limits.timeout_s == 4.0
+    with pytest.raises(AssayError, match=r"timeout_s: Input should be a valid number.*it takes tasks_dir: .*timeout_s"):
+        get_env("terminal", timeout_s="soon")
+    with pytest.raises(AssayError, match=r"timeout: Extra inputs are not permitted"):
+        get_env("terminal", timeout=3)
+    with pytest.raises(AssayError, match=r"path: Field required"):
+        get_env("jsonl")
+
+    class Open:
+        def __init__(self, size: int = 1, **extra) -> None: ...
+
+    assert check_env_args("open", Open, {"size": "2", "colour": "red"}) == {"size": 2, "colour": "red"}

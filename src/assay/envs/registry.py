@@ -13,6 +13,7 @@ import inspect
 import json
 import random
 import sys
+import typing
 from dataclasses import is_dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -96,15 +97,34 @@ def resolve(spec: str) -> type:
 
 
 def get_env(spec: str, **env_args: Any) -> Environment:
-    """An instance of the environment `spec` names, built with `env_args` (e.g. jsonl's path)."""
+    """An instance of the environment `spec` names, built with `env_args` (e.g. jsonl's path), checked
+    against its constructor's typed signature first: the constructor is the declaration of its arguments."""
     cls = resolve(spec)
+    return cls(**check_env_args(spec, cls, env_args))
+
+
+def check_env_args(spec: str, cls: type, env_args: dict[str, Any]) -> dict[str, Any]:
+    """`env_args` validated (and coerced, as config values are: "3" for a float) against the parameters and
+    type hints of `cls`'s constructor; one error naming every bad argument and what the environment takes."""
+    from pydantic import ConfigDict, ValidationError, create_model
+
+    signature = inspect.signature(cls)
+    params = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     try:
-        inspect.signature(cls).bind(**env_args)
-    except TypeError as e:
-        params = [p for p in inspect.signature(cls).parameters if p != "self"]
-        takes = ", ".join(params) or "no arguments"
-        raise AssayError(f"environment {spec!r}: bad env_args {sorted(env_args)} ({e}); it takes: {takes}") from e
-    return cls(**env_args)
+        hints = typing.get_type_hints(cls.__init__) if cls.__init__ is not object.__init__ else {}
+    except Exception:  # a hint that names what only a type checker imports: check names, not types
+        hints = {}
+    fields = {p.name: (hints.get(p.name, Any), ... if p.default is p.empty else p.default) for p in params}
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())  # **kwargs takes any name
+    model = create_model(f"{cls.__name__}Args", __config__=ConfigDict(extra="allow" if open_ended else "forbid"),
+                         **fields)
+    try:
+        checked = model.model_validate(env_args)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'env_args'}: {err['msg']}" for err in e.errors())
+        takes = ", ".join(f"{name}: {getattr(t, '__name__', t)}" for name, (t, _) in fields.items()) or "no arguments"
+        raise AssayError(f"environment {spec!r}: bad env_args ({problems}); it takes {takes}") from None
+    return {name: checked.__dict__.get(name, value) for name, value in env_args.items()}
 
 
 def env_spec(env: Environment) -> str:
