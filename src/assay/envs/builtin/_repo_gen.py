@@ -25,7 +25,10 @@ from assay.envs.builtin._pyjudge import encode
 
 SITE = re.compile(r"⟦(\w+):(.*?)\|(.*?)⟧", re.DOTALL)
 CONST = re.compile(r"\$(\w+)")
-PACKAGES = ("acme", "atlas", "beacon", "campus", "harbor", "ledger", "orchard", "quill", "summit", "tessera")
+# Many names: two tasks with one fault at one site share a fix only when they also share the package's name.
+PACKAGES = ("acme", "atlas", "beacon", "birch", "campus", "cedar", "comet", "delta_kit", "ember", "fable", "falcon",
+            "garnet", "harbor", "helix", "indigo", "juniper", "kestrel", "lantern", "ledger", "marble", "nimbus",
+            "onyx", "orchard", "pebble", "quill", "raven", "saffron", "summit", "tessera", "willow")
 
 ArgGen = Callable[[random.Random, dict[str, int]], str]  # the argument list of one call, as source
 

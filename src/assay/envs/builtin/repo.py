@@ -67,7 +67,7 @@ SYSTEM = ("You are working on a Python repository in /workspace, in a Linux shel
           "tests) and submit (ends the episode). Paths are relative to /workspace.")
 SUBMITTED = "submitted: the workspace is verified now"
 MAX_READ_LINES = 200  # lines one read returns; more are read with start
-MAX_FILE_BYTES = 256 * 1024  # larger files are refused by read and patch (bash can still page them)
+MAX_FILE_BYTES = 128 * 1024  # larger files are refused by read and patch (bash can still page them)
 
 # ---- file tools: run in the episode's sandbox, never trusting what the policy left there -----------------------------
 
@@ -439,7 +439,9 @@ class RepoEnv:
     def __init__(self, timeout_s: float = 10.0, memory_mb: int = 256) -> None:
         # Declared, the framework hands each episode's workspace a warm pooled sandbox.
         self.sandbox_limits = Limits(timeout_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), memory_mb=memory_mb,
-                                     max_procs=32, file_size_mb=1, output_bytes=64 * 1024, workspace_mb=16)
+                                     max_procs=32, file_size_mb=1, output_bytes=1024 * 1024, workspace_mb=16)
+        # output_bytes: room for a whole file as JSON from the file helper (escapes grow it up to 6x); bash's
+        # output is clipped for the policy anyway (format_result)
         self.verify_limits = Limits(timeout_s=10.0, cpu_s=10, memory_mb=memory_mb, max_procs=32, file_size_mb=1,
                                     output_bytes=256 * 1024, workspace_mb=16)
         self.test_timeout_s = timeout_s
