@@ -126,10 +126,11 @@ def test_a_method_hook_that_is_not_callable_is_refused():
 def test_the_builtins_declare_their_hooks_and_no_slip():
     names = [n for n, _ in list_envs() if n != "jsonl"]  # jsonl needs a path
     got = {n: hooks(get_env(n)) for n in names}
-    assert {n: h.qa_kind for n, h in got.items()} == {"arith": "answer", "codegen": "code", "terminal": "terminal",
-                                                     "toolcalc": "answer"}
+    assert {n: h.qa_kind for n, h in got.items()} == {"arith": "answer", "codegen": "code", "repo": "terminal",
+                                                     "terminal": "terminal", "toolcalc": "answer"}
     assert got["codegen"].sandbox_limits is not None and got["arith"].sandbox_limits is None
     assert got["terminal"].secrets is not None and got["terminal"].fingerprint is not None
+    assert got["repo"].secrets is not None and got["repo"].sandbox_limits is not None
     assert all(h.hash_deps for h in got.values())
 
 

@@ -44,7 +44,7 @@ def _toy(version: str) -> type:
 
 
 def test_builtins_are_listed():
-    assert list_envs() == [("arith", "3"), ("codegen", "6"), ("jsonl", "3"), ("terminal", "6"), ("toolcalc", "3")]
+    assert list_envs() == [("arith", "3"), ("codegen", "6"), ("jsonl", "3"), ("repo", "1"), ("terminal", "6"), ("toolcalc", "3")]
 
 
 def test_name_and_name_at_version_resolve():
@@ -55,7 +55,7 @@ def test_name_and_name_at_version_resolve():
 def test_unknown_name_lists_the_known_environments():
     with pytest.raises(UnknownEnvironmentError) as e:
         get_env("arithmetic")
-    assert str(e.value) == "unknown environment 'arithmetic'; known environments: arith, codegen, jsonl, terminal, toolcalc"
+    assert str(e.value) == "unknown environment 'arithmetic'; known environments: arith, codegen, jsonl, repo, terminal, toolcalc"
 
 
 def test_unknown_version_lists_the_available_versions():

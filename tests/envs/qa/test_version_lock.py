@@ -12,7 +12,7 @@ from assay.envs.qa.store import check_version, latest
 STORE = PACKAGED_RECORDS
 
 
-@pytest.mark.parametrize("name", ["arith", "codegen", "terminal", "toolcalc"])
+@pytest.mark.parametrize("name", ["arith", "codegen", "repo", "terminal", "toolcalc"])
 def test_builtin_versions_are_checked_and_unchanged(name):
     env = get_env(name)
     spec = f"{env.name}@{env.version}"
