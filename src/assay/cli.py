@@ -145,6 +145,10 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
           difficulty: Annotated[list[int] | None, typer.Option(help="levels to cover (default: all)")] = None,
           temperature: float = _EVAL.temperature, seed: int = _EVAL.seed,
           max_new_tokens: int = _DOMAIN.max_new_tokens, max_turns: int = _EVAL.max_turns,
+          tool_retries: Annotated[int, typer.Option(help="retries of a malformed tool-call turn, as the domain key "
+                                                    "(--env; a suite sets its own): evaluate as you trained")] = 0,
+          repair_tool_calls: Annotated[bool, typer.Option(help="repair tool calls that do not parse, as the domain "
+                                                          "key (--env; a suite sets its own)")] = False,
           backend: Annotated[str, typer.Option(help="rollout backend: engine, hf, vllm or a registered one")] = "engine",
           kv_cache_mb: Annotated[int, typer.Option(help="the engine's KV cache in MiB; 0: room for every episode "
                                                    "at once, up to a quarter of the free memory")] = 0,
@@ -204,11 +208,12 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
         for spec, e in envs.items():
             levels = sorted(difficulty or e.difficulties)
             domains[spec] = DomainConfig(name=spec, env=spec, max_new_tokens=max_new_tokens, max_turns=max_turns,
+                                         tool_retries=tool_retries, repair_tool_calls=repair_tool_calls,
                                          difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
         task_list = [t for spec, e in envs.items() for t in eval_tasks(e, spec, tasks, seed, domains[spec].difficulty
                                                                        .levels(e.difficulties))]
         settings |= {"n": n, "tasks": tasks, "difficulty": difficulty, "max_new_tokens": max_new_tokens,
-                     "max_turns": max_turns}
+                     "max_turns": max_turns, "tool_retries": tool_retries, "repair_tool_calls": repair_tool_calls}
         policies = [target, *(policy or []), *remote]
     settings["temperature"] = temperature
     from assay.envs.qa.enforce import require_checked

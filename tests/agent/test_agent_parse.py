@@ -61,3 +61,24 @@ THINK = ("<think>", "</think>")
 def test_reasoning_is_split_off_before_the_calls_are_parsed(text, split):
     assert split_reasoning(text, THINK) == split
     assert split_reasoning(text, None) == (None, text)  # a template without reasoning splits nothing
+
+
+def test_repairs_of_common_malformations_and_nothing_else():
+    from assay.agent.parse import parse_assistant_repaired, repair_json
+
+    want = [ToolCall("calc", {"expression": "it's \"1+2\""})]
+    bodies = [
+        '{"name": "calc", "arguments": {"expression": "it\'s \\"1+2\\"",},}',  # trailing commas
+        "{'name': 'calc', 'arguments': {'expression': 'it\\'s \"1+2\"'}}",  # single quotes
+        '```json\n{"name": "calc", "arguments": {"expression": "it\'s \\"1+2\\""}}\n```',  # a fenced block
+        '{"name": "calc", "arguments": "{\\"expression\\": \\"it\'s \\\\\\"1+2\\\\\\"\\"}"}',  # arguments as a string
+    ]
+    for body in bodies:
+        text = f"Let me add.<tool_call>{body}</tool_call>"
+        assert parse_assistant(text)[2] is not None  # malformed as written
+        assert parse_assistant_repaired(text) == ("Let me add.", want, None, [True])
+    good = '<tool_call>{"name": "calc", "arguments": {"expression": "1"}}</tool_call>'
+    assert parse_assistant_repaired(good)[3] == [False]  # a well-formed call is never "repaired"
+    unterminated = '<tool_call>{"name": "calc", "arguments": {"expression": "1}}</tool_call>'
+    assert parse_assistant_repaired(unterminated)[1:] == ([], parse_assistant(unterminated)[2], [])
+    assert repair_json('{"a": "x, }"}') == '{"a": "x, }"}'  # commas and quotes inside strings are text

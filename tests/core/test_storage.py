@@ -78,6 +78,24 @@ def test_the_schema_is_derived_from_the_dataclasses():
     assert set(TRAJECTORY_SCHEMA.names) == expected
 
 
+def test_a_shard_from_before_a_field_was_added_reads_with_its_default(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from assay.core.storage import TRAJECTORY_SCHEMA, trajectory_row
+
+    old = make_traj(0)
+    new = make_traj(0)
+    new.malformed_calls, new.retries = 2, 1
+    gone = ("malformed_calls", "retries")  # columns a shard written before the retry counters lacks
+    schema = pa.schema([f for f in TRAJECTORY_SCHEMA if f.name not in gone])
+    pq.write_table(pa.Table.from_pylist([trajectory_row(new, 1)], schema=schema), tmp_path / "step_000001_a0.parquet")
+    TrajectoryWriter(tmp_path).write([new], step=2)
+    first, second = read_trajectories(tmp_path)
+    assert first == old and (first.malformed_calls, first.retries) == (0, 0)
+    assert second == new
+
+
 def test_a_fresh_run_never_mixes_with_an_earlier_one_in_its_directory(tmp_path):
     """A second run under the same name would append to the first's metrics and take its checkpoint for its
     own last: `refuse` says so, `move` keeps the first aside, `reuse` (a resume) leaves it in place."""

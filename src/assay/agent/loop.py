@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
-from assay.agent.parse import parse_assistant, split_reasoning
+from assay.agent.parse import parse_repairing, split_reasoning
 from assay.agent.render import observation_ids, prompt_ids
 from assay.core.chat_format import chat_format
 from assay.core.errors import AssayError
@@ -34,11 +34,13 @@ from assay.core.types import (
 )
 from assay.envs.base import Episode
 from assay.envs.episode import close_episode, close_episodes, step_episode
+from assay.envs.tools import validate_call
 from assay.envs.verifiers import VerifierPool
 from assay.rollout.base import GenRequest, GenResult, OnlineBackend, RolloutBackend, SamplingParams
 
 VERIFY_WORKERS = 16  # episodes verified at once (rollout.verifiers): codegen grades those waiting in one run
 TOOL_WORKERS = 4  # tool calls run at once while the engine generates (online loop)
+RETRY_PROMPT = "Nothing was run. Call the tool again with a corrected call."
 
 
 @dataclass
@@ -54,6 +56,8 @@ class EpisodeJob:
     time_limit_s: float | None = None  # wall clock from its start; checked after each turn
     verify_timeout_s: float | None = None  # a verifier past it gives the episode VERIFIER_ERROR, not a reward
     verifier: VerifierPool | None = None  # verifies a fresh episode elsewhere (processes, actors); None: this one
+    tool_retries: int = 0  # malformed turns in a row answered with a retry prompt, outside max_turns
+    repair_tool_calls: bool = False  # repair calls that do not parse (the degraded path)
 
 
 @dataclass
@@ -65,7 +69,14 @@ class _Run:
     logprobs: list[float] = field(default_factory=list)
     prompt_len: int = 0
     turns: int = 0
+    free_turns: int = 0  # malformed turns answered with a retry prompt: not counted against max_turns
+    streak: int = 0  # retry prompts since the last well-formed turn
     tool_errors: int = 0
+    call_turns: int = 0
+    malformed: int = 0
+    retries: int = 0
+    retry_successes: int = 0
+    degraded: int = 0
     finish: FinishReason = ""  # set when the episode stops acting
     status: Status = OK
     error: str = ""
@@ -92,6 +103,8 @@ def run_episodes(
     verify_timeout_s: float | None = None,
     verifiers: int = VERIFY_WORKERS,
     verifier: VerifierPool | None = None,
+    tool_retries: int = 0,
+    repair_tool_calls: bool = False,
 ) -> list[Trajectory]:
     """Act out every (task, episode) to the end and verify it (in `verifier` when given);
     one trajectory per item, in order.
@@ -103,10 +116,16 @@ def run_episodes(
     the next turn or tool result would not fit in max_context tokens ("context"); each is then verified
     on its messages. An infrastructure failure (an Observation or Reward status other than ok, an
     exception from the environment) sets the trajectory's status instead of a reward.
+    A malformed tool-call turn (a call that does not parse, names an unknown tool or breaks its schema)
+    is an error result the policy sees and counts as a turn; with `tool_retries` the first that many in
+    a row run nothing and answer with the validator's message and a retry prompt instead, outside the
+    max_turns budget (see `_take_turn`). With `repair_tool_calls`, a call that does not parse is repaired
+    (agent.parse.repair_json) before it is called malformed.
     Trajectory.policy_version is the oldest weights version that sampled any of its tokens
     (`policy_version` when nothing was sampled). timings["generate_s"] is the wall time of the batched
     generate calls the episode took part in."""
-    jobs = [EpisodeJob(task, episode, params, max_turns, max_context, i, time_limit_s, verify_timeout_s, verifier)
+    jobs = [EpisodeJob(task, episode, params, max_turns, max_context, i, time_limit_s, verify_timeout_s, verifier,
+                       tool_retries, repair_tool_calls)
             for i, (task, episode) in enumerate(items)]
     runs: list[_Run] = []
     try:
@@ -233,23 +252,42 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
     text = tokenizer.decode(res.token_ids[:-1] if stopped else res.token_ids, skip_special_tokens=False)
     fmt = chat_format(tokenizer)
     reasoning, rest = split_reasoning(text, fmt.think_tags)  # calls and the answer come from after </think>
-    content, calls, err = parse_assistant(rest, fmt.tool_calls)
+    content, calls, err, repaired = parse_repairing(rest, fmt.tool_calls, job.repair_tool_calls)
     r.messages.append(Message("assistant", content, calls, reasoning=reasoning))
     if not stopped:  # cut at max_tokens: an unfinished turn is not acted on
         r.finish = "context" if room_limited else "length"
         return
+    retried, r.streak = r.streak, 0
     if not calls and err is None:
+        r.retry_successes += int(retried > 0)  # a well-formed answer after a retry prompt
         r.finish = "stop"
         return
 
+    # Validated before anything runs, so that a turn to be retried runs none of its calls. The episode
+    # validates again in step_episode (the one place every caller goes through); the same schema check.
+    invalid = [validate_call(c, job.task.tools) for c in calls]
+    problems = [err] if err is not None else [p for p in invalid if p is not None]
+    r.call_turns += 1
+    r.malformed += int(bool(problems))
+    r.retry_successes += int(retried > 0 and not problems)
     observations: list[tuple[str | None, Observation]] = []
-    if err is not None:
-        observations.append((None, Observation(f"error: {err}", is_error=True)))
-    t0 = time.perf_counter()
-    stepped = step_episode(job.episode, calls, job.task.tools)
-    r.timings["tool_s"] += time.perf_counter() - t0
-    r.error = r.error or stepped.error
-    observations += [(call.name, obs) for call, obs in zip(calls, stepped.observations, strict=False)]
+    if problems and retried < job.tool_retries:
+        # Retry: the validator's messages and an instruction, as one tool result; the turn is free.
+        r.free_turns += 1
+        r.streak = retried + 1
+        message = "error: " + "; ".join(problems) + "\n" + RETRY_PROMPT
+        observations.append((None, Observation(message, is_error=True)))
+    else:
+        if err is not None:
+            observations.append((None, Observation(f"error: {err}", is_error=True)))
+        t0 = time.perf_counter()
+        stepped = step_episode(job.episode, calls, job.task.tools)
+        r.timings["tool_s"] += time.perf_counter() - t0
+        r.error = r.error or stepped.error
+        # degraded: a repaired call that passed its schema and was acted on (stepping may stop early)
+        r.degraded += sum(fix and bad is None for fix, bad, _ in zip(repaired, invalid, stepped.observations,
+                                                                    strict=False))
+        observations += [(call.name, obs) for call, obs in zip(calls, stepped.observations, strict=False)]
     for name, obs in observations:
         r.tool_errors += int(obs.is_error)
         r.messages.append(Message("tool", obs.content, name=name))
@@ -261,7 +299,7 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
     if last.done:
         r.finish = "stop"
         return
-    if r.turns >= job.max_turns:
+    if r.turns - r.free_turns >= job.max_turns:
         r.finish = "max_turns"
         return
     if job.time_limit_s is not None and time.perf_counter() - r.started > job.time_limit_s:
@@ -272,6 +310,7 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
         r.finish = "context"
         return
     r.append(obs_ids, sampled=False)
+    r.retries += int(r.streak > 0)  # the retry prompt was shown: the policy will answer it
 
 
 def _verify(r: _Run) -> Reward:
@@ -352,6 +391,11 @@ def _finish(r: _Run, policy_version: int) -> Trajectory:
         policy_version=min(r.versions) if r.versions else policy_version,
         turns=r.turns,
         tool_errors=r.tool_errors,
+        call_turns=r.call_turns,
+        malformed_calls=r.malformed,
+        retries=r.retries,
+        retry_successes=r.retry_successes,
+        degraded_calls=r.degraded,
         finish_reason=r.finish,
         reward=reward,
         passed=passed,

@@ -26,38 +26,69 @@ def parse_assistant(text: str, style: str = "assay") -> tuple[str, list[ToolCall
     content is the whole text, so the recorded message still renders to exactly what was sampled.
     In the `llama3` style a turn that is one JSON object with "name" and "parameters" is a call;
     any other turn is an answer."""
+    content, calls, err, _ = parse_repairing(text, style, repair=False)
+    return content, calls, err
+
+
+def parse_assistant_repaired(text: str, style: str = "assay") -> tuple[str, list[ToolCall], str | None, list[bool]]:
+    """`parse_assistant`, and where a call does not parse, its body repaired (`repair_json`) and parsed
+    again: (content, calls, error, which calls needed a repair). A repair changes what is acted on, never
+    the sampled tokens; the error is the unrepaired text's when the repair does not help either."""
+    return parse_repairing(text, style, repair=True)
+
+
+def parse_repairing(text: str, style: str, repair: bool) -> tuple[str, list[ToolCall], str | None, list[bool]]:
     if style == "llama3":
-        return _parse_llama3(text)
+        content, calls, err = _parse_llama3(text)
+        if err is not None and repair:
+            fixed = _parse_llama3(repair_json(_unfence(text.strip())))
+            if fixed[2] is None and fixed[1]:
+                return fixed[0], fixed[1], None, [True]
+        return content, calls, err, [False] * len(calls)
     start = text.find(TOOL_CALL_START)
     if start < 0:
         if TOOL_CALL_END in text:
-            return text, [], f"found {TOOL_CALL_END} without an opening {TOOL_CALL_START}"
-        return text, [], None
+            return text, [], f"found {TOOL_CALL_END} without an opening {TOOL_CALL_START}", []
+        return text, [], None, []
     calls: list[ToolCall] = []
+    repaired: list[bool] = []
     i = start
     while True:
         while i < len(text) and text[i].isspace():
             i += 1
         if i == len(text):
-            return text[:start], calls, None
+            return text[:start], calls, None, repaired
         n = len(calls) + 1
         if not text.startswith(TOOL_CALL_START, i):
-            return text, [], f"text after tool call {n - 1}: {text[i : i + 30]!r}; write text before the calls"
+            return text, [], f"text after tool call {n - 1}: {text[i : i + 30]!r}; write text before the calls", []
         end = text.find(TOOL_CALL_END, i)
         if end < 0:
-            return text, [], f"tool call {n}: {TOOL_CALL_START} without a closing {TOOL_CALL_END}"
-        call, err = _parse_call(text[i + len(TOOL_CALL_START) : end])
-        if err is not None:
-            return text, [], f"tool call {n}: {err}"
+            return text, [], f"tool call {n}: {TOOL_CALL_START} without a closing {TOOL_CALL_END}", []
+        body = text[i + len(TOOL_CALL_START) : end]
+        call, err = _parse_call(body)
+        fixed = False
+        if err is not None and repair:
+            call, again = _parse_call(repair_json(_unfence(body)), args_as_text=True)
+            fixed = again is None
+        if not fixed and err is not None:
+            return text, [], f"tool call {n}: {err}", []
+        assert call is not None
         calls.append(call)
+        repaired.append(fixed)
         i = end + len(TOOL_CALL_END)
 
 
-def _parse_call(body: str) -> tuple[ToolCall, None] | tuple[None, str]:
+def _parse_call(body: str, args_as_text: bool = False) -> tuple[ToolCall, None] | tuple[None, str]:
+    """`args_as_text` (a repair): "arguments" given as a string holding a JSON object is that object."""
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
         return None, f"invalid JSON ({e.msg} at char {e.pos})"
+    if args_as_text and isinstance(obj, dict) and isinstance(obj.get("arguments"), str):
+        try:
+            obj["arguments"] = json.loads(obj["arguments"])
+        except json.JSONDecodeError:
+            pass  # left as it is: the check below reports it
     if not isinstance(obj, dict):
         return None, 'expected a JSON object {"name": ..., "arguments": {...}}'
     missing = [k for k in ("name", "arguments") if k not in obj]
@@ -86,3 +117,48 @@ def _parse_llama3(text: str) -> tuple[str, list[ToolCall], str | None]:
     if not isinstance(obj["name"], str) or not obj["name"] or not isinstance(obj["parameters"], dict):
         return text, [], "tool call: 'name' must be a non-empty string and 'parameters' a JSON object"
     return "", [ToolCall(obj["name"], obj["parameters"])], None
+
+
+def _unfence(body: str) -> str:
+    """A call's JSON wrapped in a markdown code fence (```json ... ```), unwrapped."""
+    b = body.strip()
+    if b.startswith("```") and b.endswith("```") and len(b) >= 6:
+        b = b[3:-3]
+        newline = b.find("\n")
+        if newline >= 0 and b[:newline].strip().isalnum():  # a language tag such as json
+            b = b[newline + 1 :]
+    return b.strip()
+
+
+def repair_json(text: str) -> str:
+    """The common near-JSON of a sampled call made JSON, deterministically: single-quoted strings become
+    double-quoted, a comma before a closing bracket is dropped. Text inside double-quoted strings is kept;
+    anything else is left for the JSON parser to reject."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"' or c == "'":  # a string: copied (re-quoted when single-quoted) up to its closing quote
+            j, chars = i + 1, []
+            while j < n and text[j] != c:
+                if text[j] == "\\" and j + 1 < n:
+                    chars.append(text[j : j + 2] if text[j + 1] != "'" else "'")
+                    j += 2
+                    continue
+                chars.append('\\"' if text[j] == '"' else text[j])
+                j += 1
+            if j >= n:  # an unterminated string is not guessed at
+                return text
+            out.append('"' + "".join(chars) + '"')
+            i = j + 1
+            continue
+        if c == ",":
+            k = i + 1
+            while k < n and text[k].isspace():
+                k += 1
+            if k < n and text[k] in "}]":
+                i += 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)

@@ -96,6 +96,17 @@ class DomainConfig(_Strict):
     verify_timeout_s: float = Field(120.0, gt=0, description=(
         "A verification running longer than this many seconds gives its episode `verifier_error` (an "
         "infrastructure status, never a reward) and the run goes on"))
+    tool_retries: int = Field(0, ge=0, description=(
+        "Retries of a malformed tool-call turn (a call that does not parse, names an unknown tool or breaks its "
+        "schema): nothing in the turn runs, the policy is shown the validator's message with an instruction to "
+        "call again, and the turn does not count against `max_turns`; up to this many such turns in a row, after "
+        "which a malformed turn counts and gets plain error results. 0: every malformed turn counts (no retry). "
+        "Training and evaluation run the same loop, so evaluate with the setting you trained with"))
+    repair_tool_calls: bool = Field(False, description=(
+        "Repair a tool call that does not parse before calling it malformed: unwrap a markdown code fence, "
+        "double-quote single-quoted strings, drop trailing commas, read `arguments` given as a JSON string; the "
+        "repaired call must still pass its schema and counts as degraded (`degraded_calls`). The sampled tokens "
+        "are trained on as sampled"))
     difficulty: DifficultyRange = Field(DifficultyRange(), description=(
         "The domain's difficulty levels: the range its curriculum moves in, and how"))
     rewards: list[RewardTerm] = Field(default_factory=list, description=(

@@ -79,7 +79,8 @@ def trajectory_from_row(r: dict[str, Any]) -> Trajectory:
         return _FROM_JSON[name](decoded) if name in _FROM_JSON else decoded
 
     task = Task(**{name: value(name) for name in _TASK_COLUMNS}, env_hash=r["env_hash"])
-    return Trajectory(task=task, **{name: value(name) for name in _TRAJECTORY_COLUMNS})
+    # a shard written before a field was added lacks its column: the field's default
+    return Trajectory(task=task, **{name: value(name) for name in _TRAJECTORY_COLUMNS if name in r})
 
 
 def trajectory_plain(t: Trajectory) -> dict[str, Any]:

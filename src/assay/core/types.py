@@ -90,6 +90,14 @@ class Trajectory:
     policy_version: int = 0
     turns: int = 0
     tool_errors: int = 0
+    # tool-call reliability (agent loop): turns that tried to call a tool, those whose calls were malformed
+    # (unparsable, unknown tool, schema violation), retry prompts the policy was shown, retries answered by a
+    # well-formed turn, and calls acted on only after a repair (the degraded path)
+    call_turns: int = 0
+    malformed_calls: int = 0
+    retries: int = 0
+    retry_successes: int = 0
+    degraded_calls: int = 0
     finish_reason: FinishReason = ""
     reward: float = 0.0
     passed: bool = False

@@ -64,6 +64,11 @@ class DomainEval:
     tool_errors: int = 0
     recovered: int = 0  # episodes with a failed tool call that still passed
     with_tool_error: int = 0
+    call_turns: int = 0  # assistant turns that called a tool (Trajectory.call_turns)
+    malformed: int = 0  # of them, malformed: unparsable, unknown tool, schema violation
+    retries: int = 0  # retry prompts shown (domain tool_retries)
+    retry_successes: int = 0  # answered by a well-formed turn
+    degraded_calls: int = 0  # calls acted on after a repair (domain repair_tool_calls)
     prompt_tokens: float = 0.0  # mean per episode: prompt and observations
     completion_tokens: float = 0.0  # mean per episode (sampled tokens)
     latency_p50: float = 0.0  # seconds per episode: generation + tools + verification
@@ -85,6 +90,14 @@ class DomainEval:
     @property
     def recovery_rate(self) -> float | None:
         return self.recovered / self.with_tool_error if self.with_tool_error else None
+
+    @property
+    def malformed_rate(self) -> float | None:
+        return self.malformed / self.call_turns if self.call_turns else None
+
+    @property
+    def retry_success_rate(self) -> float | None:
+        return self.retry_successes / self.retries if self.retries else None
 
     def cost(self, prompt_price: float, completion_price: float) -> float:
         """Per episode, at these prices per million prompt and completion tokens."""
@@ -124,6 +137,11 @@ def summarize(domain: str, trajs: Sequence[Trajectory], ks: Sequence[int]) -> Do
     result.tool_errors = sum(t.tool_errors for t in ok)
     erred = [t for t in ok if t.tool_errors]
     result.with_tool_error, result.recovered = len(erred), sum(t.passed for t in erred)
+    result.call_turns = sum(t.call_turns for t in ok)
+    result.malformed = sum(t.malformed_calls for t in ok)
+    result.retries = sum(t.retries for t in ok)
+    result.retry_successes = sum(t.retry_successes for t in ok)
+    result.degraded_calls = sum(t.degraded_calls for t in ok)
     result.prompt_tokens = sum(t.prompt_tokens for t in ok) / len(ok)
     result.completion_tokens = sum(t.completion_tokens for t in ok) / len(ok)
     latency = np.array([sum(t.timings.values()) for t in ok])

@@ -63,7 +63,9 @@ def metrics(r: DomainEval, prices: tuple[float, float] = (0.0, 0.0)) -> dict[str
         "pass_at": {k: vars(e) for k, e in r.pass_at.items()}, "pass_hat": {k: vars(e) for k, e in r.pass_hat.items()},
         "by_difficulty": r.by_difficulty, "rounds": r.rounds, "mean_rounds": r.mean_rounds,
         "tool_calls": r.tool_calls, "tool_error_rate": r.tool_error_rate, "recovery_rate": r.recovery_rate,
-        "episodes_with_tool_error": r.with_tool_error, "prompt_tokens": r.prompt_tokens,
+        "episodes_with_tool_error": r.with_tool_error, "call_turns": r.call_turns,
+        "malformed_rate": r.malformed_rate, "retries": r.retries, "retry_success_rate": r.retry_success_rate,
+        "degraded_calls": r.degraded_calls, "prompt_tokens": r.prompt_tokens,
         "completion_tokens": r.completion_tokens, "latency_p50_s": r.latency_p50, "latency_p95_s": r.latency_p95,
         "cost_per_episode": r.cost(*prices), "prices_per_mtok": list(prices),
     }

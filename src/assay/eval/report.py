@@ -16,7 +16,8 @@ from assay.eval.page import figure_img, pyplot, trajectory_list, write_page
 PANELS = [("pass_rate", "pass rate"), ("reward_mean", "mean reward"), ("difficulty", "curriculum difficulty"),
           ("ratio", "mixer ratio"), ("completion_len", "completion tokens"), ("truncation_rate", "truncation rate"),
           ("entropy", "entropy"), ("kl_ref", "KL to reference"), ("mismatch", "trainer-engine |Δ logprob|"),
-          ("tool_errors", "tool errors / trajectory"), ("staleness", "staleness (policy versions)"),
+          ("tool_errors", "tool errors / trajectory"), ("malformed_rate", "malformed tool-call turns (share)"),
+          ("retry_success_rate", "tool-call retries answered well-formed"), ("staleness", "staleness (policy versions)"),
           ("is_weight", "importance weight, truncated (decoupled)")]
 GLOBAL = [("loss", "loss"), ("grad_norm", "grad norm"), ("clip_frac", "clip fraction"),
           ("groups_dropped", "groups dropped"), ("is_truncated", "share of tokens truncated (decoupled)")]

@@ -49,6 +49,8 @@ class SuiteLimits(_Strict):
     max_context: int = Field(1024, ge=1)
     temperature: float = Field(1.0, ge=0)
     time_s: float | None = Field(None, gt=0)  # wall-clock budget per episode (None: none)
+    tool_retries: int = Field(0, ge=0)  # as the domain keys of that name: evaluate as the policy was trained
+    repair_tool_calls: bool = False
 
 
 class SuiteEntry(_Strict):
@@ -194,7 +196,8 @@ def suite_domains(suite: Suite, envs: dict[str, Environment]) -> dict[str, Domai
         levels = sorted(entry.levels or envs[entry.label].difficulties)
         out[entry.label] = DomainConfig(name=entry.label, env=entry.env, max_new_tokens=lim.max_new_tokens,
                                         max_turns=lim.max_turns, max_context=lim.max_context,
-                                        time_limit_s=lim.time_s,
+                                        time_limit_s=lim.time_s, tool_retries=lim.tool_retries,
+                                        repair_tool_calls=lim.repair_tool_calls,
                                         difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
     return out
 

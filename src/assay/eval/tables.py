@@ -32,7 +32,8 @@ def pass_table(results: dict[str, DomainEval], ks: Sequence[int], title: str) ->
 def dimensions_table(results: dict[str, DomainEval], ks: Sequence[int], prices: tuple[float, float]) -> Table:
     table = Table(title="reliability, interaction and cost (per episode; infrastructure errors left out)")
     for col in ("environment", f"pass^{max(ks)}", "pass@1 s.e.", "rounds (mean; 1/2/3…)", "tool errors",
-                "recovered", "tokens prompt / completion", "latency p50 / p95 s", "cost"):
+                "recovered", "malformed calls", "retries ok", "degraded", "tokens prompt / completion",
+                "latency p50 / p95 s", "cost"):
         table.add_column(col, justify="left" if col == "environment" else "right")
     for name, r in results.items():
         hat = r.pass_hat.get(max(ks))
@@ -40,6 +41,8 @@ def dimensions_table(results: dict[str, DomainEval], ks: Sequence[int], prices: 
         table.add_row(name, str(hat) if hat else "-", f"{r.pass_at[1].se:.3f}" if 1 in r.pass_at else "-",
                       f"{r.mean_rounds:.2f} ({rounds})",
                       f"{_rate(r.tool_error_rate)} of {r.tool_calls}", f"{_rate(r.recovery_rate)} of {r.with_tool_error}",
+                      f"{_rate(r.malformed_rate)} of {r.call_turns}", f"{_rate(r.retry_success_rate)} of {r.retries}",
+                      str(r.degraded_calls),
                       f"{r.prompt_tokens:.0f} / {r.completion_tokens:.0f}", f"{r.latency_p50:.2f} / {r.latency_p95:.2f}",
                       f"{r.cost(*prices):.6f}")
     return table

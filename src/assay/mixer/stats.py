@@ -26,6 +26,11 @@ class DomainStep:
     difficulty: int  # the curriculum level after this update
     ratio: float  # the sampling share after this update
     signal_share: float | None = None  # share of GRPO groups whose rewards vary (the others teach nothing)
+    # tool-call reliability: malformed share of the turns that called a tool, share of retry prompts answered
+    # well-formed, repaired calls per trajectory (None where nothing called a tool, or nothing was retried)
+    malformed_rate: float | None = None
+    retry_success_rate: float | None = None
+    degraded_calls: float | None = None
     reward_terms: dict[str, float] = field(default_factory=dict)  # mean of each shaped reward term
 
 
@@ -65,8 +70,17 @@ def summarize(trajs: Sequence[Trajectory], difficulty: int, ratio: float) -> Dom
         difficulty=difficulty,
         ratio=ratio,
         signal_share=_signal_share(ok),
+        malformed_rate=ratio_of(ok, "malformed_calls", "call_turns"),
+        retry_success_rate=ratio_of(ok, "retry_successes", "retries"),
+        degraded_calls=mean([float(t.degraded_calls) for t in ok]),
         reward_terms=_term_means(ok),
     )
+
+
+def ratio_of(trajs: Sequence[Trajectory], part: str, whole: str) -> float | None:
+    """Sum of one count over the sum of another (None when that is 0): a rate pooled over trajectories."""
+    total = sum(getattr(t, whole) for t in trajs)
+    return sum(getattr(t, part) for t in trajs) / total if total else None
 
 
 def _term_means(ok: Sequence[Trajectory]) -> dict[str, float]:
