@@ -167,3 +167,12 @@ def test_step_metrics_and_evaluation_report_the_rates(tok):
     assert (ev.malformed_rate, ev.retry_success_rate, ev.degraded_calls) == (3 / 5, 1 / 2, 1)
     m = metrics(ev)
     assert (m["malformed_rate"], m["retry_success_rate"], m["degraded_calls"]) == (3 / 5, 1 / 2, 1)
+    from rich.console import Console
+
+    from assay.eval.tables import dimensions_table
+
+    console = Console(width=300, record=True)
+    console.print(dimensions_table({"math": ev}, (1,), (0.0, 0.0)))
+    row = next(line for line in console.export_text().splitlines() if "│ math" in line)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[6:9] == ["0.600 of 5", "0.500 of 2", "1"]  # malformed calls, retries ok, degraded

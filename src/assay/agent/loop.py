@@ -70,7 +70,7 @@ class _Run:
     prompt_len: int = 0
     turns: int = 0
     free_turns: int = 0  # malformed turns answered with a retry prompt: not counted against max_turns
-    streak: int = 0  # retry prompts since the last well-formed turn
+    streak: int = 0  # retry prompts in a row; 0 after any turn counted against max_turns
     tool_errors: int = 0
     call_turns: int = 0
     malformed: int = 0

@@ -100,7 +100,8 @@ class DomainConfig(_Strict):
         "Retries of a malformed tool-call turn (a call that does not parse, names an unknown tool or breaks its "
         "schema): nothing in the turn runs, the policy is shown the validator's message with an instruction to "
         "call again, and the turn does not count against `max_turns`; up to this many such turns in a row, after "
-        "which a malformed turn counts and gets plain error results. 0: every malformed turn counts (no retry). "
+        "which a malformed turn counts (its valid calls run, its bad ones get error results) and the count starts "
+        "over, so an episode takes at most `max_turns` × (1 + this) turns. 0: every malformed turn counts. "
         "Training and evaluation run the same loop, so evaluate with the setting you trained with"))
     repair_tool_calls: bool = Field(False, description=(
         "Repair a tool call that does not parse before calling it malformed: unwrap a markdown code fence, "
