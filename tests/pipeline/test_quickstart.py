@@ -18,6 +18,7 @@ def test_quickstart_flow_on_a_tiny_budget(tmp_path):
     assert summary["domains"] == json.loads(json.dumps(rows))
     # the evaluation tasks were checked against the run's SFT data and RL trajectories, and none is there
     assert summary["held_out"] is True and summary["overlap"].startswith("held out: 0 of")
+    assert summary["start"] == "after SFT" and summary["loophole_watch"]["evaluations"] == []  # 2 steps: no watch
     assert "sft SFT data" in summary["overlap"] and "quickstart trajectories" in summary["overlap"]
     for r in rows:
         assert r["tasks"] == 4 and r["n"] == 2

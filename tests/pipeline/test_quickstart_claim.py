@@ -35,6 +35,7 @@ def test_rl_lifts_a_policy_with_signal_and_the_report_says_so(tmp_path):
     assert row["verdict"] == "lift" and row["delta"]["low"] > 0.3, row  # measured: +0.62 [+0.55, +0.69]
     summary = json.loads((tmp_path / "lift" / "summary.json").read_text())
     assert summary["held_out"] and "SFT data" not in summary["overlap"]  # sft.steps: 0 trained on nothing
+    assert summary["start"] == "as it came" and "<th>as it came</th>" in (tmp_path / "lift" / "report.html").read_text()
 
 
 @pytest.mark.slow

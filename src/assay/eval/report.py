@@ -65,9 +65,15 @@ def _summary(summary: dict[str, Any]) -> str:
     rows = "".join(f"<tr><td>{html.escape(d['domain'])}</td><td>{d['tasks']} × {d['n']}</td><td>{_ci(d['sft'])}</td>"
                    f"<td>{_ci(d['rl'])}</td><td>{_ci(d['delta'])}</td><td>{html.escape(d['verdict'])}</td></tr>"
                    for d in summary.get("domains", []))
-    table = ("<table id=summary><tr><th>domain</th><th>tasks × samples</th><th>after SFT</th><th>after RL</th>"
+    start = html.escape(summary.get("start", "after SFT"))  # "as it came" where RL started without SFT
+    table = (f"<table id=summary><tr><th>domain</th><th>tasks × samples</th><th>{start}</th><th>after RL</th>"
              f"<th>Δ (paired, 95%)</th><th>verdict</th></tr>{rows}</table>" if rows else "")
     overlap = f"<p>{html.escape(str(summary['overlap']))}</p>" if "overlap" in summary else ""
+    watch = summary.get("loophole_watch")
+    if watch and watch["evaluations"]:
+        said = "; ".join(watch["warnings"]) or "no warning"
+        overlap += (f"<p>loophole watch: held-out pass@1 at steps {', '.join(map(str, watch['evaluations']))}: "
+                    f"{html.escape(said)}</p>")
     return (f"<h2>Held-out evaluation</h2>{table}{overlap}<details><summary>summary.json</summary><pre>"
             f"{html.escape(json.dumps(summary, indent=1))}</pre></details>")
 

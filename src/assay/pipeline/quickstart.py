@@ -206,13 +206,15 @@ def run_quickstart(cfg: Config, console: Console | None = None) -> list[dict[str
     mean = mean_difference(before, after)
     overlap = check_overlap(run_dir, (t for r in before.values() for t in r.task_ids))
     watch = loophole_watch(run_dir)
-    atomic_write(run_dir / "summary.json", json.dumps({"domains": rows, "mean": mean, "held_out": overlap.held_out,
+    start = "after SFT" if cfg.sft.steps else "as it came"
+    atomic_write(run_dir / "summary.json", json.dumps({"domains": rows, "mean": mean, "start": start,
+                                                        "held_out": overlap.held_out,
                                                         "loophole_watch": watch,
                                                         "overlap": overlap.describe(), "threads": rl_cfg.threads,
                                                         "seconds": {k: round(v, 1) for k, v in seconds.items()},
                                                         "training": training_dynamics(run_dir)}, indent=1))
     console.print("[bold]5/5[/] report")
-    console.print(summary_table(rows, overlap.held_out, mean, "after SFT" if cfg.sft.steps else "as it came"))
+    console.print(summary_table(rows, overlap.held_out, mean, start))
     console.print(overlap.describe())
     console.print(describe_watch(watch, seconds["rl"]))
     from assay.eval.report import write_report
