@@ -103,10 +103,14 @@ def sweep() -> None:
             names = os.listdir(f"{ROOT}/{ctl}/{PARENT}")
         except OSError:
             continue
-        for name in names:
-            launcher = name.split("-")[0]
-            if launcher.isdigit() and not os.path.exists(f"/proc/{launcher}"):
-                remove(name)
+        for name in filter(launcher_gone, names):
+            remove(name)
+
+
+def launcher_gone(name: str) -> bool:
+    """Whether a sandbox cgroup (named launcherpid-volume) belongs to a launcher that has exited."""
+    launcher = name.split("-")[0]
+    return launcher.isdigit() and not os.path.exists(f"/proc/{launcher}")
 
 
 def counters(name: str) -> Counters:

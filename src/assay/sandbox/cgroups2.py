@@ -19,7 +19,7 @@ from __future__ import annotations
 import errno
 import os
 
-from assay.sandbox.cgroups import Counters, move_self
+from assay.sandbox.cgroups import Counters, launcher_gone, move_self
 
 ROOT = "/sys/fs/cgroup"  # cgroup2 is mounted here (v2-only hosts), or at ROOT/unified beside v1 (hybrid hosts)
 SELF = "/proc/self/cgroup"
@@ -191,10 +191,8 @@ def sweep() -> None:
         names = os.listdir(f"{DIR}/{PARENT}")
     except OSError:
         return
-    for name in names:
-        launcher = name.split("-")[0]
-        if launcher.isdigit() and not os.path.exists(f"/proc/{launcher}"):
-            remove(name)
+    for name in filter(launcher_gone, names):
+        remove(name)
 
 
 def counters(name: str) -> Counters:
