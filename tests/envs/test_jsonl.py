@@ -96,5 +96,5 @@ def test_registry_args_category_and_data_in_the_hash(jsonl_file):
     changed = get_env("jsonl@3", path=jsonl_file([{"prompt": "a", "answer": "c"}], name="other.jsonl"),
                       category="trivia")
     assert env_hash(changed) != env_hash(env)  # same code, different data
-    with pytest.raises(AssayError, match="it takes: path, matcher, category"):
+    with pytest.raises(AssayError, match="it takes path: str, matcher: str, category: str"):
         get_env("jsonl")
