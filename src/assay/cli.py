@@ -705,6 +705,30 @@ def bench_learning(overrides: Overrides = None,
         out.write_text(text)
 
 
+@bench_app.command("policies")
+def bench_policies(overrides: Overrides = None,
+                   seeds: Annotated[int, typer.Option(help="config seeds 0..N-1, two runs each")] = 3,
+                   jobs: Annotated[int, typer.Option(help="runs side by side (each then on one torch thread)")] = 1,
+                   threads: Annotated[int, typer.Option(help="torch threads per run (0: the config's)")] = 0,
+                   run_dir: Annotated[Path, typer.Option(help="where the runs go")] = Path("runs"),
+                   name: Annotated[str, typer.Option(help="runs are NAME_rl_sS (RL alone) and NAME_sft_sS")]
+                   = "policies",
+                   preset: Annotated[str, typer.Option(help="a config with SFT; its RL-alone arm sets sft.steps=0")]
+                   = "smollm2_sft",
+                   out: Annotated[Path | None, typer.Option(help="also write the table (markdown) here")] = None) -> None:
+    """Four policies on the same held-out tasks: the model as it came, RL alone, SFT, SFT then RL."""
+    from assay.bench.policies import run_policies_bench
+    from assay.core.errors import ConfigError
+
+    if seeds < 1 or jobs < 1 or threads < 0:
+        raise ConfigError("--seeds and --jobs must be at least 1, --threads at least 0")
+    text, _ = run_policies_bench(seeds, name, run_dir, overrides or [], jobs, threads, log=console.print,
+                                 preset=preset)
+    print(text)
+    if out is not None:
+        out.write_text(text)
+
+
 def main() -> None:
     from transformers.utils import logging as hf_logging
 

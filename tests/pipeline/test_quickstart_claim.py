@@ -36,6 +36,8 @@ def test_rl_lifts_a_policy_with_signal_and_the_report_says_so(tmp_path):
     summary = json.loads((tmp_path / "lift" / "summary.json").read_text())
     assert summary["held_out"] and "SFT data" not in summary["overlap"]  # sft.steps: 0 trained on nothing
     assert summary["start"] == "as it came" and "<th>as it came</th>" in (tmp_path / "lift" / "report.html").read_text()
+    start, final = (summary["per_task"][k]["no_e"] for k in ("start", "final"))  # what bench policies pairs
+    assert start["task_ids"] == final["task_ids"] and len(start["passes"]) == 48
 
 
 @pytest.mark.slow

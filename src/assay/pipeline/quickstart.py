@@ -75,6 +75,12 @@ def compare(before: dict[str, DomainEval], after: dict[str, DomainEval]) -> list
     return rows
 
 
+def per_task(evals: dict[str, DomainEval]) -> dict[str, dict[str, list[Any]]]:
+    """Each domain's passes by task, as the summary keeps them: what pairs two runs' evaluations task by task
+    (`assay bench policies` sets RL alone beside SFT then RL)."""
+    return {name: {"task_ids": e.task_ids, "passes": e.passes} for name, e in evals.items()}
+
+
 def mean_difference(before: dict[str, DomainEval], after: dict[str, DomainEval], rounds: int = 2000,
                     seed: int = 0) -> dict[str, float]:
     """The mean over domains of after − before pass@1, with a 95% bootstrap interval that resamples
@@ -212,6 +218,7 @@ def run_quickstart(cfg: Config, console: Console | None = None) -> list[dict[str
                                                         "loophole_watch": watch,
                                                         "overlap": overlap.describe(), "threads": rl_cfg.threads,
                                                         "seconds": {k: round(v, 1) for k, v in seconds.items()},
+                                                        "per_task": {"start": per_task(before), "final": per_task(after)},
                                                         "training": training_dynamics(run_dir)}, indent=1))
     console.print("[bold]5/5[/] report")
     console.print(summary_table(rows, overlap.held_out, mean, start))
