@@ -83,8 +83,10 @@ MAX_CHECKPOINTS = 4  # the default bound: each checkpoint holds a frozen layer o
 SYSTEM = ("You are working on a Python repository in /workspace, in a Linux shell with bash, coreutils, grep, sed and "
           "python3, and no network. Tools: bash, read, write, patch (search and replace), run_tests (the visible "
           "tests) and submit (ends the episode). Paths are relative to /workspace.")
-SYSTEM_CHECKPOINTS = (SYSTEM[:-len(" Paths are relative to /workspace.")] + " checkpoint saves the workspace and "
-                      "rollback returns to a checkpoint. Paths are relative to /workspace.")
+SYSTEM_CHECKPOINTS = ("You are working on a Python repository in /workspace, in a Linux shell with bash, coreutils, grep, "
+                      "sed and python3, and no network. Tools: bash, read, write, patch (search and replace), run_tests "
+                      "(the visible tests), checkpoint (saves the workspace), rollback (returns it to a checkpoint) and "
+                      "submit (ends the episode). Paths are relative to /workspace.")
 SUBMITTED = "submitted: the workspace is verified now"
 MAX_READ_LINES = 200  # lines one read returns; more are read with start
 MAX_FILE_BYTES = 128 * 1024  # larger files are refused by read and patch (bash can still page them)
@@ -457,7 +459,7 @@ class RepoEpisode:
         return Observation(f"checkpoint {cp} saved: the whole workspace as it is now; rollback(id={cp!r}) returns "
                            f"to it ({len(self.checkpoints)} of {self.max_checkpoints} checkpoints kept)")
 
-    def _rollback(self, id: str) -> Observation:  # noqa: A002 - the tool's argument name
+    def _rollback(self, id: str) -> Observation:  # noqa: A002 - the tool's argument is named id
         assert self.sandbox is not None
         if not self.checkpoints:
             return Observation("error: rollback: there is no checkpoint to return to; call checkpoint before an edit "
