@@ -627,6 +627,15 @@ def bench_agent(policy: Annotated[Path, typer.Argument(help="a policy directory 
     print(table(run_agent_bench(cfg, policy, tasks, n, rounds)))
 
 
+@bench_app.command("rollback")
+def bench_rollback(tasks: Annotated[int, typer.Option(help="repo evaluation tasks per level")] = 8,
+                   seed: Annotated[int, typer.Option(help="which evaluation tasks")] = 0) -> None:
+    """Error accumulation on repo: a scripted wrong early edit, then continuing or rolling back (checkpoint tools)."""
+    from assay.bench.rollback import run_rollback_bench, table
+
+    print(table(run_rollback_bench(tasks, seed)))
+
+
 @bench_app.command("pipeline")
 def bench_pipeline(policy: Annotated[Path, typer.Argument(help="a policy directory to start RL from")],
                    overrides: Overrides = None,

@@ -214,8 +214,10 @@ def test_episode_steps_as_the_agent_loop_does(env, tasks):
 
 
 def test_registered_versioned_and_hashed(env):
-    assert type(get_env("repo@1")) is RepoEnv and get_env("repo").version == "1"
+    assert type(get_env("repo@2")) is RepoEnv and get_env("repo").version == "2"
     assert env_hash(env) == env_hash(RepoEnv()) and len(env_hash(env)) == 12
     assert env_hash(RepoEnv(timeout_s=5.0)) != env_hash(env)
     assert {t.name for t in TOOLS} == {"bash", "read", "write", "patch", "run_tests", "submit"}
+    assert [t.name for t in env.tools] == [t.name for t in TOOLS] + ["checkpoint", "rollback"]
+    assert env_hash(RepoEnv(checkpoints=0)) != env_hash(env) and RepoEnv(checkpoints=0).tools == TOOLS
     assert "assay.envs.builtin._repo_gen" in hooks(env).hash_deps

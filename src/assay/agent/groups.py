@@ -12,8 +12,9 @@ from assay.core.config import DomainConfig
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
 from assay.core.types import Task, Trajectory
-from assay.envs.base import Environment
+from assay.envs.base import Environment, hooks
 from assay.envs.episode import close_episodes
+from assay.envs.milestones import mark_milestones
 from assay.envs.verifiers import VerifierPool, acting_episode, verifies_anywhere
 from assay.rollout.base import OnlineBackend, RolloutBackend, SamplingParams
 
@@ -76,4 +77,6 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
             for t in group:
                 t.group_id = f"{group_prefix}{first + i}:{task.task_id}"
             results[i] = group
-    return [t for i in range(len(tasks)) for t in results[i]]
+    out = [t for i in range(len(tasks)) for t in results[i]]
+    mark_milestones(out, {name: hooks(envs[name]).milestones for name in by_domain})
+    return out

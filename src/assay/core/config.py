@@ -114,6 +114,12 @@ class DomainConfig(_Strict):
         "Training reward as a weighted sum of terms, e.g. `[{fn: verifier}, {fn: length, weight: 0.1}, "
         "{fn: mypkg.rewards:polite, weight: 0.5}]`; empty: the verifier's score alone. Each term is logged as "
         "`domain/NAME/term_FN`; `passed` and pass rates stay the verifier's"))
+    milestone_reward: float = Field(0.0, ge=0, description=(
+        "Shaped reward per milestone of staged verification (the environment's declared milestones, e.g. repo's "
+        "reproduced, visible_pass, submitted) that an episode reached, added to the training reward that advantages "
+        "use; process milestones pay only beside a progress milestone (assay.envs.milestones). 0: off, the "
+        "default, because a shaped reward is a new surface for reward hacking. Hit rates are logged either way; "
+        "`passed` and pass rates never include it"))
     acceptance: float = Field(0.8, gt=0, le=1, description="Rolling pass rate that promotes difficulty")
     regression: float = Field(0.3, ge=0, lt=1, description="Rolling pass rate below which difficulty drops")
     env_args: dict[str, Any] = Field({}, description=(

@@ -98,6 +98,9 @@ class Trajectory:
     retries: int = 0
     retry_successes: int = 0
     degraded_calls: int = 0
+    # staged verification: each milestone its environment declares (envs.milestones), in order, and whether
+    # the episode reached it; {} where the environment declares none
+    milestones: dict[str, bool] = field(default_factory=dict)
     finish_reason: FinishReason = ""
     reward: float = 0.0
     passed: bool = False

@@ -27,6 +27,10 @@ them only through `hooks(env)`, which refuses a name one slip away from a hook (
   acting one would, so that verification may run in a verifier process (`rollout.verifier_processes`;
   default: true exactly when the environment has no tools, since then no call ever reaches
   `Episode.step`).
+- `milestones: tuple[Milestone, ...]` — staged verification (`assay.envs.milestones`): the points of an
+  episode where the environment can tell that work went right, each checked on the finished episode's
+  messages and Reward; recorded on every trajectory and logged as hit rates, and paid for by a shaped
+  reward only where a domain turns `milestone_reward` on (default none).
 - `Episode.close()` (`ClosingEpisode`) — release what `start` acquired; called once on every path
   (default: nothing). A sandbox the framework handed over is the framework's to give back: leave it.
 - `Observation.is_error` on a tool result counts as a tool error in the trajectory.
@@ -48,6 +52,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from assay.core.errors import AssayError
 from assay.core.types import Message, Observation, Reward, Task, ToolCall, ToolSpec
+from assay.envs.milestones import Milestone, check_milestones
 from assay.sandbox.base import Limits, Sandbox
 
 QAKind = Literal["answer", "code", "terminal"]
@@ -98,6 +103,7 @@ class EnvHooks:
     qa_kind: QAKind | None = None
     sandbox_limits: Limits | None = None
     stateless_verify: bool | None = None
+    milestones: tuple[Milestone, ...] = ()
 
 
 HOOKS = tuple(f.name for f in fields(EnvHooks))
@@ -118,6 +124,8 @@ def hooks(env: object) -> EnvHooks:
             continue
         if name in _CALLABLE_HOOKS and not callable(value):
             raise AssayError(f"environment {_label(env)}: the hook {name} must be a method, got {value!r}")
+        if name == "milestones":
+            value = check_milestones(value, _label(env))
         declared[name] = value
     return EnvHooks(**declared)
 

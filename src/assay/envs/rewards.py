@@ -59,13 +59,18 @@ def check_rewards(domains: Sequence[DomainConfig]) -> None:
 
 
 def shape_rewards(trajs: Sequence[Trajectory], domains: dict[str, DomainConfig]) -> None:
-    """Replace each ok trajectory's reward by its domain's weighted sum of terms (in place); domains
-    without `rewards` keep the verifier's score untouched."""
+    """Replace each ok trajectory's reward by its domain's weighted sum of terms (in place), plus
+    `milestone_reward` per milestone it is credited with (`envs.milestones`) where that is on; domains
+    with neither keep the verifier's score untouched."""
     fns = {name: [(term, resolve(term.fn)) for term in dom.rewards] for name, dom in domains.items()}
     for t in trajs:
         dom = domains[t.task.domain]
-        if not dom.rewards or t.status != OK:
+        if not (dom.rewards or dom.milestone_reward) or t.status != OK:
             continue
         terms = {term.fn: float(fn(t, dom)) for term, fn in fns[t.task.domain]}
+        shaped = sum(term.weight * terms[term.fn] for term in dom.rewards) if dom.rewards else t.reward
+        if dom.milestone_reward:
+            terms["milestones"] = float(t.reward_info.get("milestone_credit", 0))
+            shaped += dom.milestone_reward * terms["milestones"]
         t.reward_info["terms"] = {"verifier": t.reward, **terms}
-        t.reward = sum(term.weight * terms[term.fn] for term in dom.rewards)
+        t.reward = shaped

@@ -16,8 +16,9 @@ from typing import Any
 from assay.core.config import DomainConfig
 from assay.core.errors import AssayError
 from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observation, Task, ToolCall, Trajectory
-from assay.envs.base import Environment
+from assay.envs.base import Environment, hooks
 from assay.envs.episode import close_episode, start_episode, step_episode
+from assay.envs.milestones import mark_milestones
 
 CONCURRENCY = 8  # episodes in flight against the server
 
@@ -165,11 +166,13 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
     close_episode(episode)
     if error:
         info["error"] = error
-    return Trajectory(task=task, messages=messages, token_ids=[], loss_mask=[], logprobs=[],
+    traj = Trajectory(task=task, messages=messages, token_ids=[], loss_mask=[], logprobs=[],
                       prompt_len=0, turns=turns, tool_errors=tool_errors, finish_reason=finish,
                       reward=reward if status == OK else 0.0, passed=passed and status == OK, reward_info=info,
                       status=status, env_hash=task.env_hash, usage=usage,
                       timings={"generate_s": time.perf_counter() - t0})
+    mark_milestones([traj], {task.domain: hooks(env).milestones})
+    return traj
 
 
 def run_endpoint_episodes(endpoint: Endpoint, envs: dict[str, Environment], domains: dict[str, DomainConfig],

@@ -32,6 +32,7 @@ class DomainStep:
     retry_success_rate: float | None = None
     degraded_calls: float | None = None
     reward_terms: dict[str, float] = field(default_factory=dict)  # mean of each shaped reward term
+    milestones: dict[str, float] = field(default_factory=dict)  # hit rate of each milestone (staged verification)
 
 
 @dataclass
@@ -46,7 +47,8 @@ class DomainStats:
         for name, step in self.domains.items():
             for key, value in asdict(step).items():
                 if isinstance(value, dict):
-                    out |= {f"{prefix}/{name}/term_{term}": float(v) for term, v in value.items()}
+                    tag = "milestone" if key == "milestones" else "term"
+                    out |= {f"{prefix}/{name}/{tag}_{term}": float(v) for term, v in value.items()}
                 elif value is not None:
                     out[f"{prefix}/{name}/{key}"] = float(value)
         return out
@@ -74,6 +76,7 @@ def summarize(trajs: Sequence[Trajectory], difficulty: int, ratio: float) -> Dom
         retry_success_rate=ratio_of(ok, "retry_successes", "retries"),
         degraded_calls=mean([float(t.degraded_calls) for t in ok]),
         reward_terms=_term_means(ok),
+        milestones=_hit_rates(ok),
     )
 
 
@@ -89,6 +92,15 @@ def _term_means(ok: Sequence[Trajectory]) -> dict[str, float]:
         for name, v in t.reward_info.get("terms", {}).items():
             terms.setdefault(name, []).append(v)
     return {name: sum(v) / len(v) for name, v in terms.items()}
+
+
+def _hit_rates(ok: Sequence[Trajectory]) -> dict[str, float]:
+    """Each milestone's share of the trajectories whose environment declares it."""
+    hits: dict[str, list[bool]] = {}
+    for t in ok:
+        for name, hit in t.milestones.items():
+            hits.setdefault(name, []).append(hit)
+    return {name: sum(h) / len(h) for name, h in hits.items()}
 
 
 def _signal_share(ok: Sequence[Trajectory]) -> float | None:

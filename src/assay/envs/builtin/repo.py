@@ -13,8 +13,16 @@ with unittest tests under tests/. Four levels:
    and two faults in different modules, one of them a missing case.
 
 Tools: `bash`, `read(path, start?, end?)`, `write(path, content)`, `patch(path, search, replace)`
-(one exact occurrence), `run_tests()` (the visible tests, in the episode's sandbox) and `submit()`.
+(one exact occurrence), `run_tests()` (the visible tests, in the episode's sandbox) and `submit()`;
+and, unless the environment is made with `checkpoints=0`, `checkpoint()` and `rollback(id)`: the
+workspace saved and restored through the sandbox's own snapshots (O(1), whole-workspace, exact), at
+most `checkpoints` kept; a rollback drops the checkpoints taken after the one it returns to.
 Paths are relative to /workspace; absolute paths, `..` and symbolic links out of it are refused.
+
+Staged verification (`milestones`, see `assay.envs.milestones`): `reproduced` (run_tests reported
+failures while the visible tests were as given), `visible_pass` (the verifier found every visible test
+passing in the final workspace: progress) and `submitted`. The reference reaches all three: it runs the
+tests before its patch (that observation comes from running them, once per task, like terminal's).
 
 Verification never trusts the policy's sandbox: it snapshots the final workspace into a fresh
 sandbox and runs a harness there (`python3 -I`, the script on stdin, never a file) that imports the
@@ -30,15 +38,18 @@ import json
 import math
 import random
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from assay.core.types import SANDBOX_ERROR, Message, Observation, Reward, Task, ToolCall, ToolSpec
+from assay.core.errors import AssayError
+from assay.core.types import OK, SANDBOX_ERROR, Message, Observation, Reward, Task, ToolCall, ToolSpec
 from assay.envs.builtin._common import check_difficulty, draw_seed, task_id, task_rng
 from assay.envs.builtin._pyjudge import _result_line, encode
 from assay.envs.builtin._repo_gen import build
 from assay.envs.builtin._terminal_tasks import format_result
 from assay.envs.builtin.terminal import populate
+from assay.envs.milestones import Milestone
 from assay.envs.registry import env_hash, register
 from assay.envs.tools import object_schema, validate_call
 from assay.sandbox import Limits, open_sandbox
@@ -61,10 +72,21 @@ PATCH = ToolSpec("patch", "Replace the one occurrence of search in a file with r
 RUN_TESTS = ToolSpec("run_tests", "Run the visible tests (tests/test_*.py) and get a summary with each failure.",
                      object_schema({}))
 SUBMIT = ToolSpec("submit", "Submit the workspace as it is; the episode ends.", object_schema({}))
+CHECKPOINT = ToolSpec("checkpoint", "Save the whole workspace as it is now; returns an id that rollback returns to.",
+                      object_schema({}))
+ROLLBACK = ToolSpec("rollback", "Return the whole workspace to a checkpoint (files written since are gone, files "
+                                "changed since are back); checkpoints taken after it are dropped.",
+                    object_schema({"id": {"type": "string", "description": "a checkpoint's id, e.g. cp1"}}))
 TOOLS = (BASH, READ, WRITE, PATCH, RUN_TESTS, SUBMIT)
+CHECKPOINT_TOOLS = (CHECKPOINT, ROLLBACK)
+MAX_CHECKPOINTS = 4  # the default bound: each checkpoint holds a frozen layer of the workspace until the episode ends
 SYSTEM = ("You are working on a Python repository in /workspace, in a Linux shell with bash, coreutils, grep, sed and "
           "python3, and no network. Tools: bash, read, write, patch (search and replace), run_tests (the visible "
           "tests) and submit (ends the episode). Paths are relative to /workspace.")
+SYSTEM_CHECKPOINTS = ("You are working on a Python repository in /workspace, in a Linux shell with bash, coreutils, grep, "
+                      "sed and python3, and no network. Tools: bash, read, write, patch (search and replace), run_tests "
+                      "(the visible tests), checkpoint (saves the workspace), rollback (returns it to a checkpoint) and "
+                      "submit (ends the episode). Paths are relative to /workspace.")
 SUBMITTED = "submitted: the workspace is verified now"
 MAX_READ_LINES = 200  # lines one read returns; more are read with start
 MAX_FILE_BYTES = 128 * 1024  # larger files are refused by read and patch (bash can still page them)
@@ -168,6 +190,24 @@ n = result.testsRun
 out.append(f"{n} tests: {n - bad} passed" + (f", {len(result.failures)} failed, {len(result.errors)} errors" if bad else ""))
 print("\n".join(out))
 sys.exit(1 if bad or not n else 0)
+'''
+
+
+# The visible tests' files as they are now (tests/, recursively), to tell a reproduced failure from tests the
+# policy broke itself.
+_TEST_FILES = r'''
+import json, os
+out = {}
+for d, dirs, files in os.walk("tests"):
+    dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+    for f in sorted(files):
+        p = os.path.join(d, f)
+        try:
+            with open(p, encoding="utf-8") as fh:
+                out[p] = fh.read()
+        except (OSError, UnicodeDecodeError):
+            out[p] = None
+print(json.dumps(out))
 '''
 
 
@@ -315,6 +355,11 @@ class RepoEpisode:
     tool_errors: int = 0
     calls: int = 0
     submitted: bool = False
+    max_checkpoints: int = MAX_CHECKPOINTS  # 0: the environment offers no checkpoint tools
+    checkpoints: dict[str, object] = field(default_factory=dict, repr=False)  # id -> sandbox snapshot, oldest first
+    checkpoint_count: int = 0  # checkpoints taken (ids are never reused)
+    rollbacks: int = 0
+    reproduced: bool = False  # run_tests failed while the visible tests were as given (a milestone)
     checker: Sandbox | None = None
     closed: bool = False
     _reward: Reward | None = field(default=None, repr=False)
@@ -322,7 +367,7 @@ class RepoEpisode:
     def step(self, call: ToolCall) -> Observation:
         if self.setup_error is not None:
             return Observation(f"sandbox failure: {self.setup_error}", status=SANDBOX_ERROR)
-        error = validate_call(call, TOOLS)
+        error = validate_call(call, TOOLS + (CHECKPOINT_TOOLS if self.max_checkpoints else ()))
         if error is None and (self.closed or self.submitted):
             error = "the episode is over (submitted)"
         if error is None and call.name == "bash" and "\0" in call.arguments["command"]:
@@ -389,7 +434,48 @@ class RepoEpisode:
         res = self._exec(["python3", "-I", "-B", "-c", _RUNNER], timeout=self.test_timeout_s)  # -B: no __pycache__
         if res.status == TIMEOUT:
             return Observation(f"run_tests: timed out after {self.test_timeout_s:g}s (an endless loop?)", is_error=True)
+        if res.exit_code != 0 and not self.reproduced:
+            self.reproduced = self._tests_as_given()
         return Observation(format_result(res.stdout, res.stderr, res.exit_code, res.status))
+
+    def _tests_as_given(self) -> bool:
+        given = {p: t for p, t in self.task.payload["files"].items() if p.startswith("tests/")}
+        res = self._exec(["python3", "-I", "-B", "-c", _TEST_FILES])
+        try:
+            return bool(given) and json.loads(res.stdout) == given
+        except ValueError:
+            return False
+
+    def _checkpoint(self) -> Observation:
+        assert self.sandbox is not None
+        if len(self.checkpoints) >= self.max_checkpoints:
+            kept = ", ".join(self.checkpoints)
+            return Observation(f"error: checkpoint: {self.max_checkpoints} checkpoints are kept already ({kept}); "
+                               "roll back to one of them (that drops the later ones) before taking another",
+                               is_error=True)
+        self.checkpoint_count += 1
+        cp = f"cp{self.checkpoint_count}"
+        self.checkpoints[cp] = self.sandbox.snapshot()
+        return Observation(f"checkpoint {cp} saved: the whole workspace as it is now; rollback(id={cp!r}) returns "
+                           f"to it ({len(self.checkpoints)} of {self.max_checkpoints} checkpoints kept)")
+
+    def _rollback(self, id: str) -> Observation:  # noqa: A002 - the tool's argument is named id
+        assert self.sandbox is not None
+        if not self.checkpoints:
+            return Observation("error: rollback: there is no checkpoint to return to; call checkpoint before an edit "
+                               "you may want to undo", is_error=True)
+        if id not in self.checkpoints:
+            return Observation(f"error: rollback: no checkpoint {id!r}; the checkpoints kept are "
+                               f"{', '.join(self.checkpoints)}", is_error=True)
+        self.sandbox.restore(self.checkpoints[id])
+        ids = list(self.checkpoints)
+        dropped = ids[ids.index(id) + 1:]
+        for later in dropped:
+            del self.checkpoints[later]
+        self.rollbacks += 1
+        note = f"; dropped the later checkpoint{'s' * (len(dropped) > 1)} {', '.join(dropped)}" if dropped else ""
+        return Observation(f"rolled back to {id}: the workspace is as it was then (files written since are gone, "
+                           f"files changed since are back){note}")
 
     def _submit(self) -> Observation:
         self.submitted = True
@@ -402,7 +488,9 @@ class RepoEpisode:
                 self._reward = self._grade()
             finally:
                 self.close()
-            self._reward.details.update(calls=self.calls, tool_errors=self.tool_errors, submitted=self.submitted)
+            self._reward.details.update(calls=self.calls, tool_errors=self.tool_errors, submitted=self.submitted,
+                                        reproduced=self.reproduced, checkpoints=self.checkpoint_count,
+                                        rollbacks=self.rollbacks)
         return self._reward
 
     def _grade(self) -> Reward:
@@ -416,6 +504,7 @@ class RepoEpisode:
 
     def close(self) -> None:
         """End the episode: its processes die with their calls; this frees the workspaces."""
+        self.checkpoints.clear()  # the frozen layers go with the workspace
         if self.checker is not None:
             self.checker.close()
         if self.owns_sandbox and self.sandbox is not None and not self.closed:
@@ -423,20 +512,49 @@ class RepoEpisode:
         self.closed = True
 
 
+# ---- staged verification ----------------------------------------------------------------------------------------------
+
+def _reproduced(task: Task, messages: Sequence[Message], reward: Reward) -> bool:
+    return reward.details.get("reproduced") is True
+
+
+def _visible_pass(task: Task, messages: Sequence[Message], reward: Reward) -> bool:
+    n = len(task.payload["visible"])  # counted by the verifier on the task's own expressions, not the test files
+    return n > 0 and reward.details.get("visible") == f"{n}/{n}"
+
+
+def _submitted(task: Task, messages: Sequence[Message], reward: Reward) -> bool:
+    return reward.details.get("submitted") is True
+
+
+MILESTONES = (
+    Milestone("reproduced", "run_tests reported failures while the visible tests were as given", _reproduced),
+    Milestone("visible_pass", "every visible test passes in the final workspace (verified)", _visible_pass,
+              progress=True),
+    Milestone("submitted", "the policy called submit", _submitted),
+)
+
+
 # ---- the environment --------------------------------------------------------------------------------------------------
 
 @register
 class RepoEnv:
     name = "repo"
-    version = "1"
+    version = "2"  # 2: checkpoint/rollback tools, staged-verification milestones, the reference reproduces first
     category = "code"
     qa_kind = "terminal"
     difficulties = (1, 2, 3, 4)
     tools: tuple[ToolSpec, ...] = TOOLS
+    milestones = MILESTONES
     hash_deps = ("assay.envs.builtin._common", "assay.envs.builtin._pyjudge", "assay.envs.builtin._repo_gen",
                  "assay.envs.builtin._terminal_tasks", "assay.envs.builtin.terminal", "assay.envs.tools")
 
-    def __init__(self, timeout_s: float = 10.0, memory_mb: int = 256) -> None:
+    def __init__(self, timeout_s: float = 10.0, memory_mb: int = 256, checkpoints: int = MAX_CHECKPOINTS) -> None:
+        if not 0 <= checkpoints <= 32:
+            raise AssayError(f"repo: checkpoints must be 0 (no checkpoint tools) to 32, got {checkpoints}")
+        self.checkpoints = checkpoints  # the most kept at once per episode; 0: the tools are not offered
+        self.tools = TOOLS + (CHECKPOINT_TOOLS if checkpoints else ())
+        self._reproductions: dict[str, str] = {}  # task_id -> what run_tests shows on the workspace as given
         # Declared, the framework hands each episode's workspace a warm pooled sandbox.
         self.sandbox_limits = Limits(timeout_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), memory_mb=memory_mb,
                                      max_procs=32, file_size_mb=1, output_bytes=1024 * 1024, workspace_mb=16)
@@ -454,7 +572,8 @@ class RepoEnv:
         payload = {"kind": g.kind, "pkg": g.pkg, "files": g.files, "modules": g.modules, "visible": g.visible,
                    "hidden": g.hidden, "solution": g.solution, "faults": g.faults}
         return Task(env=spec, task_id=task_id(spec, difficulty, [g.files, g.hidden]), difficulty=difficulty,
-                    prompt=[Message("system", SYSTEM), Message("user", g.instruction)], tools=list(self.tools),
+                    prompt=[Message("system", SYSTEM_CHECKPOINTS if self.checkpoints else SYSTEM),
+                            Message("user", g.instruction)], tools=list(self.tools),
                     payload=payload, seed=seed, env_hash=env_hash(self))
 
     def secrets(self, task: Task) -> list[str]:
@@ -464,9 +583,12 @@ class RepoEnv:
         return [e for e, _ in hidden] + [json.dumps(hidden)]
 
     def reference_solution(self, task: Task) -> list[Message]:
-        """The reference patch as tool calls, with the observations they get (computed from the files)."""
+        """The reference patch as tool calls, with the observations they get: first run_tests on the workspace as
+        given (its failures come from running it, in a sandbox, once per task), then the patch (observations
+        computed from the files), run_tests again and submit."""
         files = dict(task.payload["files"])
-        out: list[Message] = []
+        out: list[Message] = [Message("assistant", "", [ToolCall("run_tests", {}, id="call_reproduce")]),
+                              Message("tool", self._reproduction(task), name="run_tests")]
         for i, step in enumerate(task.payload["solution"]):
             tool, args = step["tool"], step["arguments"]
             if tool == "read":
@@ -484,8 +606,22 @@ class RepoEnv:
                     Message("tool", seen, name=tool)]
         return out
 
+    def _reproduction(self, task: Task) -> str:
+        if task.task_id not in self._reproductions:
+            episode = self.start(task, None)
+            try:
+                obs = episode.step(ToolCall("run_tests", {}))
+            finally:
+                episode.close()
+            if obs.status != OK or not episode.reproduced:
+                raise AssayError(f"repo: running the visible tests of task {task.task_id} as given did not fail as "
+                                 f"every task's must: {obs.content[-300:]}")
+            self._reproductions[task.task_id] = obs.content
+        return self._reproductions[task.task_id]
+
     def start(self, task: Task, sandbox: Sandbox | None) -> RepoEpisode:
-        episode = RepoEpisode(task, sandbox, sandbox is None, self.verify_limits, self.test_timeout_s)
+        episode = RepoEpisode(task, sandbox, sandbox is None, self.verify_limits, self.test_timeout_s,
+                              max_checkpoints=self.checkpoints)
         try:
             episode.sandbox = open_sandbox(self.sandbox_limits) if sandbox is None else sandbox
         except OSError as e:  # a launcher hiccup is this episode's infrastructure failure, not the batch's
