@@ -342,6 +342,9 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
                                                           "clients must send as a Bearer token; never printed")] = None
           ) -> None:
     """An OpenAI-compatible API (chat completions, completions, models; /health, /metrics) on Assay's engine."""
+    from assay.serve import require_installed
+
+    require_installed()
     from assay.serve.profile import get_profile
     from assay.serve.server import ServeOptions
     from assay.serve.server import serve as run_server

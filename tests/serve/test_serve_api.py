@@ -167,3 +167,19 @@ def test_models_health_and_metrics(server):
                  "assay_serve_request_seconds_bucket", "assay_serve_queue_wait_seconds_bucket"):
         assert name in text
     assert 'assay_serve_requests_total{route="completions",status="200"} 1.0' in text
+
+
+def test_assays_own_endpoint_evaluator_runs_episodes_against_the_server(server):
+    """`assay eval --endpoint` on a served policy: multi-turn tool episodes through the API, no failures."""
+    from assay.core.config import DomainConfig
+    from assay.envs.registry import get_env
+    from assay.eval.endpoint import Endpoint, run_endpoint_episodes
+    from assay.eval.evaluate import eval_tasks
+
+    env = get_env("toolcalc")
+    tasks = eval_tasks(env, "toolcalc", 2, seed=0, difficulties=[1])
+    domains = {"toolcalc": DomainConfig(name="toolcalc", env="toolcalc", max_new_tokens=40, max_turns=3)}
+    trajs = run_endpoint_episodes(Endpoint(f"{server.url}/v1", MODEL), {"toolcalc": env}, domains, tasks, n=2,
+                                  temperature=0.7, seed=1)
+    assert len(trajs) == 4 and all(t.status == "ok" for t in trajs), [t.reward_info for t in trajs]
+    assert all(t.usage["completion_tokens"] > 0 and t.turns >= 1 for t in trajs)

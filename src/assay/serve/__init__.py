@@ -9,3 +9,14 @@ app.py        the FastAPI routes
 profile.py    serving profiles, by name (standard)
 server.py     loading the policy, binding the socket, uvicorn
 """
+
+from importlib.util import find_spec
+
+from assay.core.errors import AssayError
+
+
+def require_installed() -> None:
+    """Refuse in one line where the `serve` extra is missing, before anything loads."""
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if find_spec(m) is None]
+    if missing:
+        raise AssayError(f"assay serve needs {', '.join(missing)}: pip install 'assay[serve]'")
