@@ -75,3 +75,18 @@ def test_a_run_directory_stands_for_its_latest_checkpoint(tmp_path):
         (tmp_path / "run" / "checkpoints" / f"step_{step}").mkdir(parents=True)
     assert policy_dir(tmp_path / "run") == tmp_path / "run" / "checkpoints" / "step_40"
     assert policy_dir(tmp_path / "hf") == tmp_path / "hf"
+
+
+def test_a_missing_serve_extra_is_named_and_make_installs_it(monkeypatch):
+    import tomllib
+    from pathlib import Path
+
+    import assay.serve as serve_pkg
+
+    monkeypatch.setattr(serve_pkg, "find_spec", lambda name: None if name == "uvicorn" else object())
+    with pytest.raises(AssayError, match=r"needs uvicorn: pip install 'assay\[serve\]'"):
+        serve_pkg.require_installed()
+    root = Path(__file__).parents[2]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["serve"] == ["fastapi==0.165.0", "uvicorn==0.55.0", "prometheus-client==0.26.0"]
+    assert ",serve" in (root / "Makefile").read_text()  # make (so CI) installs it: these tests need it
