@@ -81,9 +81,11 @@ def test_tools_become_tool_calls_in_the_models_own_format(client, policy, tok):
 @pytest.mark.parametrize("tools", [False, True])
 def test_stream_deltas_add_up_to_the_whole_response(client, tools):
     extra = {"tools": TOOLS} if tools else {}
-    whole = client.chat.completions.create(model=MODEL, messages=chat(7, 30), temperature=0, max_tokens=40, **extra)
+    whole = client.chat.completions.create(model=MODEL, messages=chat(7, 30), temperature=0, max_tokens=40,
+                                           logprobs=True, **extra)
     chunks = list(client.chat.completions.create(model=MODEL, messages=chat(7, 30), temperature=0, max_tokens=40,
-                                                 stream=True, stream_options={"include_usage": True}, **extra))
+                                                 logprobs=True, stream=True, stream_options={"include_usage": True},
+                                                 **extra))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == (whole.choices[0].message.content or "")
     assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 3  # token by token, not at once
@@ -93,6 +95,8 @@ def test_stream_deltas_add_up_to_the_whole_response(client, tools):
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
         [whole.choices[0].finish_reason]
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert [e.logprob for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content] \
+        == [e.logprob for e in whole.choices[0].logprobs.content]
 
 
 def test_n_choices_seeded_and_streamed_alike(client):

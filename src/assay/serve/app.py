@@ -325,6 +325,7 @@ async def _stream(s: ServeState, request: Request, route: str, req: ChatCompleti
     head = {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
             "model": s.model_id}
     choices = [[_Choice() for _ in range(req.n)] for _ in prompt_lens]
+    want_logprobs = req.logprobs is True if chat else req.logprobs is not None  # chat: a flag; completions: 0
     finished = False
     status = "disconnected"
 
@@ -333,8 +334,7 @@ async def _stream(s: ServeState, request: Request, route: str, req: ChatCompleti
         view = read(decode(s.tokenizer, ids), how, final=final, stopped=r.finish_reason == "stop")
         text, think = delta(c.content, view.content), delta(c.reasoning, view.reasoning or "")
         c.content, c.reasoning = c.content + text, c.reasoning + think
-        fresh = token_entries(s.tokenizer, ids[c.entries:], r.logprobs[c.entries:len(ids)]) if req.logprobs is not None \
-            and req.logprobs is not False else []
+        fresh = token_entries(s.tokenizer, ids[c.entries:], r.logprobs[c.entries:len(ids)]) if want_logprobs else []
         start, c.entries = c.entries, c.entries + len(fresh)
         calls = _call_out(view) if final else []
         reason = _finish(r, bool(calls)) if final else None
@@ -352,8 +352,8 @@ async def _stream(s: ServeState, request: Request, route: str, req: ChatCompleti
                 if fresh else None
             return {"index": index, "delta": d, "logprobs": lp, "finish_reason": reason}
         offset = len(decode(s.tokenizer, ids[:start]))
-        lp = _completion_logprobs(s, [i for i in ids[start:c.entries]], r.logprobs[start:c.entries], offset
-                                  ).model_dump() if fresh else None
+        lp = _completion_logprobs(s, ids[start:c.entries], r.logprobs[start:c.entries], offset).model_dump() \
+            if fresh else None
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
 
     try:
