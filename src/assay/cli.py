@@ -329,6 +329,30 @@ def eval_compare(a: Annotated[Path, typer.Argument(help="record A (a directory a
 
 
 @app.command()
+def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its latest checkpoint), a checkpoint or "
+                                                       "Hugging Face directory, a .gguf file, or smollm2")],
+          profile: Annotated[str, typer.Option(help="how the policy is run: standard")] = "standard",
+          host: Annotated[str, typer.Option(help="address to listen on; the loopback unless you open it")] = "127.0.0.1",
+          port: Annotated[int, typer.Option(help="port to listen on; 0: any free one (logged)")] = 8000,
+          max_queue: Annotated[int, typer.Option(help="requests that may wait for the batch; more are answered "
+                                                 "429")] = 64,
+          max_batch: Annotated[int | None, typer.Option(help="sequences the engine runs at once (default: the "
+                                                        "profile's)")] = None,
+          api_key_env: Annotated[str | None, typer.Option(help="the environment variable holding the API key "
+                                                          "clients must send as a Bearer token; never printed")] = None
+          ) -> None:
+    """An OpenAI-compatible API (chat completions, completions, models; /health, /metrics) on Assay's engine."""
+    from assay.serve import require_installed
+
+    require_installed()
+    from assay.serve.profile import get_profile
+    from assay.serve.server import ServeOptions
+    from assay.serve.server import serve as run_server
+
+    run_server(policy, get_profile(profile), ServeOptions(host, port, max_queue, max_batch, api_key_env))
+
+
+@app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="runs/NAME")]) -> None:
     """Write runs/NAME/report.html with per-domain curves."""
     from assay.eval.report import write_report

@@ -88,3 +88,20 @@ def test_weights_can_change_between_steps(tok, policy):
     while engine.has_unfinished:
         results.update(engine.step())
     assert results[rid][0].policy_version == 7
+
+
+def test_partial_shows_a_running_requests_tokens_as_they_grow(tok, policy):
+    engine = Engine(policy, tok)
+    p = prompts(len(tok), 1)[0]
+    rid = engine.add_request(GenRequest(p, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[10_000]), n=2))
+    seen: list[list[int]] = []
+    done = []
+    while not done:
+        done = engine.step()
+        if not done:
+            now = engine.partial(rid)
+            assert len(now) == 2 and all(r.finish_reason == "" for r in now)
+            assert now[0].token_ids[:len(seen[-1]) if seen else 0] == (seen[-1] if seen else [])
+            seen.append(now[0].token_ids)
+    assert done[0][1][0].token_ids[:len(seen[-1])] == seen[-1] and len(seen[-1]) == 11
+    assert engine.partial(rid) is None  # delivered

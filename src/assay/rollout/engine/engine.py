@@ -149,6 +149,15 @@ class Engine(RolloutBackend):
                            preemptions=self.sched.preemptions - preempted)
         return done
 
+    def partial(self, request_id: int) -> list[GenResult] | None:
+        """What a request has sampled so far, one result per sample (its finish reason "" while the sample
+        runs), for a caller that streams tokens as they come; None for an unknown or delivered request.
+        Read between steps: a step's speculative drafts are gone by its end."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        return [GenResult(s.completion, list(s.logprobs), s.finish_reason, self.version) for s in req.group]
+
     def abort(self, request_id: int) -> None:
         """Drop a request: its sequences stop and free their blocks. Unknown or finished ids are ignored."""
         req = self._requests.pop(request_id, None)

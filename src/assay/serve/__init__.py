@@ -1,0 +1,22 @@
+"""Serving a policy behind an OpenAI-compatible API on Assay's own engine (`assay serve`).
+
+protocol.py   request and response models, OpenAI's error JSON
+prompt.py     messages through the model's chat template (tools included); completion prompts
+output.py     sampled tokens to text, reasoning and tool calls, streamed without taking anything back
+batcher.py    the engine thread: continuous batching behind a bounded queue, aborts on disconnect
+metrics.py    Prometheus metrics
+app.py        the FastAPI routes
+profile.py    serving profiles, by name (standard)
+server.py     loading the policy, binding the socket, uvicorn
+"""
+
+from importlib.util import find_spec
+
+from assay.core.errors import AssayError
+
+
+def require_installed() -> None:
+    """Refuse in one line where the `serve` extra is missing, before anything loads."""
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if find_spec(m) is None]
+    if missing:
+        raise AssayError(f"assay serve needs {', '.join(missing)}: pip install 'assay[serve]'")
