@@ -27,7 +27,7 @@ from assay.core.storage import TrajectoryWriter, prepare_run_dir, trajectory_fro
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
 from assay.envs.qa.enforce import mark_unchecked
-from assay.pipeline.policy import Given
+from assay.pipeline.policy import Given, GivenBackend, Policy
 from assay.pipeline.rollout import Rollout, RolloutSite, make_rollout
 from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
@@ -220,8 +220,8 @@ def make_pipeline(cfg: Config, run_dir: Path, resume: bool = False, given: Given
 
 
 def run_training(config: Config | dict[str, Any] | str | Path, overrides: Sequence[str] = (), *,
-                 envs: Mapping[str, Environment] | None = None, policy: tuple[Any, Any] | None = None,
-                 backend: Callable[[Any, Any], RolloutBackend] | None = None) -> Path:
+                 envs: Mapping[str, Environment] | None = None, policy: Policy | None = None,
+                 backend: GivenBackend | None = None) -> Path:
     """`assay train` from Python: a Config, a dict in the config's shape or a YAML path (plus
     key=value overrides); RL runs to the end in RUN_DIR/NAME, which is returned. Objects may stand in
     for names: `envs` maps domain names to environment objects, `policy` is a (model, tokenizer) pair to
