@@ -183,7 +183,7 @@ class Recorder:
 
 def test_a_registered_sink_receives_the_scalars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loggers.known_sinks()  # the built-ins and plugins in, then a registry of this test's own
-    monkeypatch.setattr(loggers, "_registry", dict(loggers._registry))
+    monkeypatch.setattr(loggers, "sinks", loggers.sinks.copy())
     monkeypatch.setattr(Recorder, "opened", [])
     loggers.metrics_sink("recorder")(Recorder)
     cfg = build_config({"name": "tiny", "domains": DOMAINS, "loggers": ["recorder"]})
@@ -199,7 +199,7 @@ def test_a_registered_sink_receives_the_scalars(tmp_path: Path, monkeypatch: pyt
 
 
 def test_a_sink_that_fails_to_open_closes_those_already_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loggers, "_registry", dict(loggers._registry))
+    monkeypatch.setattr(loggers, "sinks", loggers.sinks.copy())
     monkeypatch.setattr(Recorder, "opened", [])
     loggers.metrics_sink("recorder")(Recorder)
 

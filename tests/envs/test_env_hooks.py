@@ -52,8 +52,7 @@ class _Episode:
 
 @pytest.fixture
 def scratch_registry(monkeypatch):
-    list_envs()  # the built-ins first
-    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
+    monkeypatch.setattr(registry, "environments", registry.environments.copy())
 
 
 def test_an_environment_without_hooks_gets_every_default():

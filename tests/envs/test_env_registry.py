@@ -18,8 +18,7 @@ from assay.envs.builtin.arith import ArithEnv
 @pytest.fixture
 def scratch_registry(monkeypatch):
     """Registrations made by a test vanish after it."""
-    registry.list_envs()  # load the built-ins first
-    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
+    monkeypatch.setattr(registry, "environments", registry.environments.copy())
 
 
 def _toy(version: str) -> type:
@@ -82,7 +81,7 @@ def test_registering_a_different_class_under_a_taken_version_fails(scratch_regis
     register(_toy("1"))
     other = _toy("1")
     other.__qualname__ = "Other"
-    with pytest.raises(AssayError, match="toy@1 is registered twice"):
+    with pytest.raises(AssayError, match="'toy@1' is registered twice"):
         register(other)
     with pytest.raises(AssayError, match="lacks generate"):
         register(type("Half", (), {"name": "half", "version": "1"}))
@@ -121,13 +120,11 @@ def test_entry_point_plugins_are_loaded(monkeypatch, scratch_registry, tmp_path)
     (tmp_path / "my_assay_plugin.py").write_text(PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
     plugin = EntryPoint("plugged", "my_assay_plugin:PluginEnv", registry.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(registry, "entry_points", lambda group: [plugin] if group == registry.ENTRY_POINT_GROUP else [])
-    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.setattr(registry, "environments", registry.environments.copy(plugins=[plugin]))
     assert ("plugged", "0.3") in list_envs() and get_env("plugged").version == "0.3"
     assert len(env_hash(get_env("plugged"))) == 12  # hashed from the plugin's own source
     broken = EntryPoint("broken", "no_such_module_xyz:Env", registry.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(registry, "entry_points", lambda group: [broken])
-    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.setattr(registry, "environments", registry.environments.copy(plugins=[broken]))
     with pytest.raises(AssayError, match="environment plugin 'broken' .*failed to load"):
         list_envs()
 

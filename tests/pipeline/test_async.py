@@ -53,14 +53,14 @@ def test_staleness_one_samples_a_version_ahead_and_is_reproducible(tiny_config, 
 def test_a_failure_on_the_rollout_thread_ends_the_run_with_its_error(tiny_config, tmp_path, monkeypatch):
     cfg = load_config(tiny_config(name="boom"), ["pipeline.mode=async", "train.max_refill_rounds=0"])
     pipeline = make_pipeline(cfg, tmp_path / "boom")
-    real = pipeline._rollout
+    real = pipeline.rollout.rollout
 
     def failing(tasks, step, attempt):
         if step == 3:
             raise RuntimeError("sandbox pool lost")
         return real(tasks, step, attempt)
 
-    monkeypatch.setattr(pipeline, "_rollout", failing)
+    monkeypatch.setattr(pipeline.rollout, "rollout", failing)
     with pytest.raises(RuntimeError, match="sandbox pool lost"):
         pipeline.run()
     steps = [r["step"] for line in (tmp_path / "boom" / "metrics.jsonl").read_text().splitlines()
@@ -150,7 +150,7 @@ def _kill_worker_during(pipeline, version):
     def step_then_kill(batch, version):
         out = real(batch, version=version)
         if version == kill_at:
-            os.kill(pipeline.backend.proc.pid, signal.SIGKILL)
+            os.kill(pipeline.rollout.proc.pid, signal.SIGKILL)
         return out
 
     kill_at = version
@@ -164,7 +164,7 @@ def test_a_killed_worker_process_is_replaced_and_its_request_issued_again(tiny_c
     _, log, weights = _run(tiny_config, tmp_path, "calm", *on)
     cfg = load_config(tiny_config(name="kill"), ["train.max_refill_rounds=0", "train.checkpoint_every=6", *on])
     pipeline = make_pipeline(cfg, tmp_path / "kill")
-    first = pipeline.backend.proc
+    first = pipeline.rollout.proc
     _kill_worker_during(pipeline, 2)
     pipeline.run()
     records = [json.loads(line) for line in (tmp_path / "kill" / "metrics.jsonl").read_text().splitlines()]
@@ -192,7 +192,7 @@ def test_a_hung_worker_process_is_killed_and_replaced(tiny_config, tmp_path):
     def step_then_freeze(batch, version):
         out = real(batch, version=version)
         if version == 2:
-            os.kill(pipeline.backend.proc.pid, signal.SIGSTOP)  # alive, and making no progress
+            os.kill(pipeline.rollout.proc.pid, signal.SIGSTOP)  # alive, and making no progress
         return out
 
     pipeline.trainer.step = step_then_freeze

@@ -26,14 +26,14 @@ ATOL = 1e-5
 
 def _record_published(pipeline) -> list[dict[str, torch.Tensor]]:
     """Every set of weights the trainer hands the rollout backend, copied."""
-    real, published = pipeline.backend.update_weights, []
+    real, published = pipeline.rollout.update_weights, []
 
     def update_weights(named_tensors, version):
         named = list(named_tensors)
         published.append({n: t.clone() for n, t in named})
         return real(named, version)
 
-    pipeline.backend.update_weights = update_weights
+    pipeline.rollout.update_weights = update_weights
     return published
 
 

@@ -67,7 +67,7 @@ def _run_losing_the_node(tiny_config, tmp_path, cluster, second, name):
     def step(batch, version):
         out = real(batch, version=version)
         if version == 2:  # the rollout thread is sampling ahead meanwhile
-            backend = pipeline.backend
+            backend = pipeline.rollout
             seen["nodes"] = {ray.util.placement_group_table(g)["bundles_to_node_id"][i] for g, i in backend.slots}
             cluster.remove_node(second, allow_graceful=False)
         return out
@@ -148,7 +148,7 @@ def test_a_lost_nodes_verifier_leaves_verification_to_the_rollout_actor(tiny_con
             if version == 2:
                 cluster.remove_node(second, allow_graceful=False)
                 # its processes linger on this machine a moment: go on once the verifier no longer answers
-                verifier, deadline = pipeline.backend.verifiers.actors[0], time.monotonic() + 60
+                verifier, deadline = pipeline.rollout.verifiers.actors[0], time.monotonic() + 60
                 while time.monotonic() < deadline:
                     try:
                         ray.get(verifier.pid.remote(), timeout=1)

@@ -65,8 +65,8 @@ def test_a_run_scaled_to_two_actors_splits_each_step_and_replaces_a_killed_one(t
             if version == 0:
                 request_scale(tmp_path / "ray2", 2)
             if version == 2:
-                assert len(pipeline.backend.actors) == 2
-                os.kill(pipeline.backend.pids()[1], signal.SIGKILL)
+                assert len(pipeline.rollout.actors) == 2
+                os.kill(pipeline.rollout.pids()[1], signal.SIGKILL)
             return out
 
         pipeline.trainer.step = step
@@ -102,7 +102,7 @@ def test_a_hung_actor_is_killed_and_replaced_in_its_bundle(tiny_config, tmp_path
         def step(batch, version):
             out = real(batch, version=version)
             if version == 2:
-                os.kill(pipeline.backend.pids()[1], signal.SIGSTOP)
+                os.kill(pipeline.rollout.pids()[1], signal.SIGSTOP)
             return out
 
         pipeline.trainer.step = step
@@ -132,7 +132,7 @@ def test_scaling_down_gives_an_emptied_group_back_and_scaling_up_reuses_kept_bun
 
     cfg = load_config(tiny_config(name="widths"), [*RAY, "pipeline.ray.rollout_cpus=0.5", "train.steps=1"])
     pipeline = make_pipeline(cfg, tmp_path / "widths")
-    rollout = pipeline.backend
+    rollout = pipeline.rollout
     try:
         def free_cpus(expected):  # the cluster's view of what is reserved is updated a moment later
             for _ in range(40):
@@ -162,7 +162,7 @@ def test_scaling_down_gives_an_emptied_group_back_and_scaling_up_reuses_kept_bun
         rollout._follow_scale_file()  # the same file: not tried again
         assert time.monotonic() - t0 < 1 and rollout.take_stats()["resize_refused"] == 5
     finally:
-        pipeline.close_backend()
+        pipeline.close_rollout()
     assert not ray.is_initialized()
 
 
@@ -210,7 +210,7 @@ def test_verifier_actors_change_no_verdict_one_killed_is_restarted_and_more_can_
 
         def step(batch, version):
             out = real(batch, version=version)
-            actors = pipeline.backend.verifiers.actors
+            actors = pipeline.rollout.verifiers.actors
             if version == 2:
                 seen["before"] = ray.get(actors[0].served.remote())
                 seen["pid"] = ray.get(actors[0].pid.remote())

@@ -41,15 +41,14 @@ class Echo(RolloutBackend):
 @pytest.fixture
 def scratch(monkeypatch):
     """Registrations and plugins a test makes vanish after it."""
-    monkeypatch.setattr(factory, "_factories", dict(factory._factories))
-    monkeypatch.setattr(factory, "_plugins", None)
+    monkeypatch.setattr(factory, "backends", factory.backends.copy())
 
 
 def _plugin(monkeypatch, tmp_path, name: str = "echo", value: str = "assay_echo_backend:Echo") -> None:
     (tmp_path / "assay_echo_backend.py").write_text(PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
     ep = EntryPoint(name, value, factory.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(factory, "entry_points", lambda group: [ep] if group == factory.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(factory, "backends", factory.backends.copy(plugins=[ep]))
 
 
 def test_the_builtins_are_registered():

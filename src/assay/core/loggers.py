@@ -16,12 +16,13 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from assay.core.atomic import atomic_write
 from assay.core.errors import AssayError
+from assay.core.registry import Registry, qualname
 
 ENTRY_POINT_GROUP = "assay.loggers"
 
@@ -58,55 +59,37 @@ class SinkSpec:
         return [m for m in self.requires if importlib.util.find_spec(m) is None]
 
 
-_registry: dict[str, SinkSpec] = {}
-_loaded = False
+def _adopt(registry: Registry[SinkSpec], ep: EntryPoint, factory: object) -> None:
+    """A plugin need not use the decorator: its entry point names the factory (the built-ins are declared
+    too, and are the same objects)."""
+    if not callable(factory):
+        raise registry.plugin_error(ep, "must name a sink factory (a class taking a RunInfo)")
+    if registry.origin(ep.name) != qualname(factory):
+        registry.add(ep.name, SinkSpec(ep.name, factory), qualname(factory))
+
+
+sinks: Registry[SinkSpec] = Registry("logger", "loggers", ENTRY_POINT_GROUP, _adopt)
 
 
 def metrics_sink(name: str, *, requires: Sequence[str] = (), install: str = "") -> Callable[[F], F]:
     """Decorator: make the factory (a class taking a RunInfo) selectable as `loggers: [NAME]`."""
+    sinks.check_name(name)
+
     def register(factory: F) -> F:
-        old = _registry.get(name)
-        if old is not None and _qualname(old.factory) != _qualname(factory):
-            raise AssayError(f"metrics sink {name!r} is registered twice ({_qualname(old.factory)} and "
-                             f"{_qualname(factory)}); rename one")
-        _registry[name] = SinkSpec(name, factory, tuple(requires), install)
+        sinks.add(name, SinkSpec(name, factory, tuple(requires), install), qualname(factory))
         return factory
     return register
 
 
-def _qualname(obj: Any) -> str:
-    return f"{obj.__module__}.{obj.__qualname__}"
-
-
-def _load() -> None:
-    """The built-ins (this module) plus the plugins, once, on first lookup."""
-    global _loaded
-    if _loaded:
-        return
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            factory = ep.load()
-        except Exception as e:  # a broken plugin is named, not a crash deep inside
-            raise AssayError(f"metrics sink plugin {ep.name!r} ({ep.value}) failed to load: {e}") from e
-        # a plugin need not use the decorator: the entry point names it (the built-ins are declared too)
-        if ep.name not in _registry:
-            metrics_sink(ep.name)(factory)
-        elif _registry[ep.name].factory is not factory:
-            raise AssayError(f"metrics sink {ep.name!r} is registered twice ({_qualname(_registry[ep.name].factory)} "
-                             f"and {ep.value}); rename one")
-    _loaded = True  # only once everything loaded: a broken plugin keeps failing loudly
-
-
 def known_sinks() -> list[str]:
-    _load()
-    return sorted(_registry)
+    sinks.load_all()
+    return sorted(sinks.entries())
 
 
 def sink_spec(name: str) -> SinkSpec:
-    _load()
-    if name not in _registry:
-        raise AssayError(f"unknown logger {name!r}; known loggers: {', '.join(sorted(_registry)) or 'none'}")
-    return _registry[name]
+    """The sink `name`; every plugin is loaded first (as the config's check lists them all)."""
+    sinks.load_all()
+    return sinks.get(name)
 
 
 def check_loggers(names: list[str]) -> list[str]:

@@ -15,11 +15,12 @@ import random
 import sys
 import typing
 from dataclasses import is_dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any, TypeVar
 
 from assay.core.errors import AssayError, UnknownEnvironmentError
+from assay.core.registry import Registry, qualname
 from assay.core.types import Task
 from assay.envs.base import Environment, check_hook_names, hooks
 
@@ -27,11 +28,23 @@ ENTRY_POINT_GROUP = "assay.environments"
 # category, difficulties and tools may be set per instance (jsonl takes its category as an argument)
 _REQUIRED = ("name", "version", "generate", "reference_solution", "start")
 
-_registry: dict[tuple[str, str], type] = {}
-_loaded = False
 _class_parts: dict[type, dict[str, str]] = {}
 
 T = TypeVar("T", bound=type)
+
+
+def _adopt(registry: Registry[type], ep: EntryPoint, cls: object) -> None:
+    """A plugin's entry point names an Environment class, which carries its own name and version (the
+    entry point's name is only a label)."""
+    if not isinstance(cls, type):
+        raise registry.plugin_error(ep, "must name an Environment class")
+    register(cls)
+
+
+# keyed by "name@version"; the built-ins register when assay.envs.builtin is imported, on first lookup
+environments: Registry[type] = Registry("environment", "environments", ENTRY_POINT_GROUP, _adopt,
+                                        builtins="assay.envs.builtin", fix="bump the version or rename one",
+                                        unknown=UnknownEnvironmentError)
 
 
 def register(cls: T) -> T:
@@ -40,60 +53,39 @@ def register(cls: T) -> T:
     if missing:
         raise AssayError(f"environment class {cls.__qualname__} lacks {', '.join(missing)}; see assay.envs.base")
     check_hook_names(cls)  # a misspelled class-level hook fails here, not as a silent default later
-    key = (str(cls.name), str(cls.version))
-    old = _registry.get(key)
-    if old is not None and _qualname(old) != _qualname(cls):
-        raise AssayError(f"environment {key[0]}@{key[1]} is registered twice ({_qualname(old)} and "
-                         f"{_qualname(cls)}); bump the version or rename one")
-    _registry[key] = cls
+    environments.add(f"{cls.name}@{cls.version}", cls)
     return cls
-
-
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _load() -> None:
-    """Import the built-in environments and the plugins once, on first lookup (no import cycle)."""
-    global _loaded
-    if _loaded:
-        return
-    importlib.import_module("assay.envs.builtin")
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            cls = ep.load()
-        except Exception as e:  # a broken plugin is named, not a crash deep inside
-            raise AssayError(f"environment plugin {ep.name!r} ({ep.value}) failed to load: {e}") from e
-        if not isinstance(cls, type):
-            raise AssayError(f"environment plugin {ep.name!r} ({ep.value}) must name an Environment class")
-        register(cls)
-    _loaded = True  # only once everything loaded: a broken plugin keeps failing loudly, not silently vanishing
 
 
 def _version_key(version: str) -> tuple[tuple[int, Any], ...]:
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in version.split("."))
 
 
+def _registered() -> list[tuple[str, str]]:
+    """Every (name, version) registered, the built-ins and every plugin loaded first."""
+    environments.load_all()
+    return [(name, version) for name, _, version in (key.rpartition("@") for key in environments.entries())]
+
+
 def list_envs() -> list[tuple[str, str]]:
     """Every registered (name, version), sorted by name then version."""
-    _load()
-    return sorted(_registry, key=lambda k: (k[0], _version_key(k[1])))
+    return sorted(_registered(), key=lambda k: (k[0], _version_key(k[1])))
 
 
 def resolve(spec: str) -> type:
     """The class for `name` (its latest version) or `name@version`."""
-    _load()
     name, _, version = spec.strip().partition("@")
-    versions = sorted((v for n, v in _registry if n == name), key=_version_key)
+    registered = _registered()
+    versions = sorted((v for n, v in registered if n == name), key=_version_key)
     if not versions:
-        known = ", ".join(sorted({n for n, _ in _registry})) or "none"
+        known = ", ".join(sorted({n for n, _ in registered})) or "none"
         raise UnknownEnvironmentError(f"unknown environment {name!r}; known environments: {known}")
     if not version:
         version = versions[-1]
-    if (name, version) not in _registry:
+    if version not in versions:
         raise UnknownEnvironmentError(f"environment {name!r} has no version {version!r}; "
                                       f"available versions: {', '.join(versions)}")
-    return _registry[(name, version)]
+    return environments.get(f"{name}@{version}")
 
 
 def get_env(spec: str, **env_args: Any) -> Environment:
@@ -162,7 +154,7 @@ def env_parts(env: Environment) -> dict[str, str]:
     `fingerprint()` if it has one (data and template files it loads)."""
     cls, declared = type(env), hooks(env)
     if cls not in _class_parts:  # hash_deps from the class, like the code it names
-        _class_parts[cls] = {"class": _sha(_qualname(cls)),
+        _class_parts[cls] = {"class": _sha(qualname(cls)),
                              **{f"code {m}": _sha(_module_source(m, cls))
                                 for m in (cls.__module__, *hooks(cls).hash_deps)}}
     parts = dict(_class_parts[cls])
@@ -187,4 +179,4 @@ def _module_source(module: str, cls: type) -> str:
     try:
         return inspect.getsource(sys.modules[module] if module in sys.modules else importlib.import_module(module))
     except (OSError, TypeError, ImportError):  # no source on disk (a REPL, exec): the class name is all we have
-        return _qualname(cls)
+        return qualname(cls)

@@ -13,7 +13,6 @@ written), so a resumed run trains exactly those and continues as the run would h
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,11 +27,10 @@ from assay.core.storage import TrajectoryWriter, prepare_run_dir, trajectory_fro
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
 from assay.envs.qa.enforce import mark_unchecked
-from assay.pipeline.policy import Given
-from assay.pipeline.ray_workers import RayRollout
+from assay.pipeline.policy import Given, GivenBackend, Policy
+from assay.pipeline.rollout import Rollout, RolloutSite, make_rollout
 from assay.pipeline.sync import SyncPipeline
 from assay.pipeline.ui import RunView
-from assay.pipeline.worker import RolloutWorker
 from assay.rollout.base import RolloutBackend
 
 
@@ -69,32 +67,23 @@ class AsyncPipeline(SyncPipeline):
         self._ready: dict[int, Batch] = {int(s): batch_from_plain(b) for s, b in buffer.items()}
         ahead = list(self._ahead(self.start_step))
         if sorted(self._ready) != ahead[:len(self._ready)]:  # a prefix: a finished run resumed for more steps
-            self.close_backend()
+            self.close_rollout()
             self.close_ranks()
             raise ConfigError(f"the checkpoint of step {self.start_step} holds the batches sampled ahead of it for "
                               f"steps {sorted(self._ready)}, which pipeline.max_staleness "
                               f"{cfg.pipeline.max_staleness} and train.steps {cfg.train.steps} do not continue; "
                               "resume with the run's own max_staleness (or train.steps past those steps)")
         self._sampled = max(self._ready, default=self._sampled)
-        self._eval_backend: Any = None
+        self._eval_backend: RolloutBackend | None = None
         self._failed = threading.Event()  # set when either thread fails: the other stops waiting
         self._error: BaseException | None = None  # the rollout thread's, raised by the trainer
 
-    def rollout_backend(self) -> Any:
-        """A copy of the weights of its own: the trainer steps its tensors while the rollout samples.
-        With `pipeline.workers: process` the copy lives in a worker process (with `ray`, in Ray actors),
-        which also runs the tools and verifiers; this thread then only hands it tasks and weights."""
-        p = self.cfg.pipeline
-        if p.workers == "process":
-            return RolloutWorker(self.cfg, self.plain, self.tokenizer, self.envs, p.worker_restarts, p.worker_timeout_s)
-        if p.workers == "ray":
-            return RayRollout(self.cfg, self.plain, self.tokenizer, self.envs, self.run_dir)
-        return self.make_backend(copy.deepcopy(self.plain).eval().requires_grad_(False))
-
-    def _rollout(self, tasks: list[Task], step: int, attempt: int) -> list[Trajectory]:
-        if self.cfg.pipeline.workers != "thread":
-            return self.backend.rollout(tasks, step, attempt)
-        return super()._rollout(tasks, step, attempt)
+    def make_rollout(self) -> Rollout:
+        """The `pipeline.workers` kind, with a copy of the weights of its own: the trainer steps its tensors
+        while the rollout samples. With `process` the copy lives in a worker process (with `ray`, in Ray
+        actors), which also runs the tools and verifiers; this thread then only hands it tasks and weights."""
+        return make_rollout(RolloutSite(self.cfg, self.plain, self.tokenizer, self.envs, self.run_dir,
+                                        self.make_backend))
 
     def save(self, step: int) -> Path:
         """The checkpoint also holds the batches sampled ahead of `step` (steps step+1 .. step+k), so a
@@ -112,7 +101,7 @@ class AsyncPipeline(SyncPipeline):
         """The steps whose batches are sampled ahead of `step` once it is trained: step+1 .. step+k."""
         return range(step + 1, min(step + self.cfg.pipeline.max_staleness, self.cfg.train.steps) + 1)
 
-    def eval_backend(self) -> Any:
+    def eval_backend(self) -> RolloutBackend:
         """Evaluations run on the trainer's weights with a backend of their own (the rollout thread's is busy)."""
         model = self.policy_model()  # with LoRA, the adapters folded in as they are now
         if self._eval_backend is None:
@@ -149,10 +138,10 @@ class AsyncPipeline(SyncPipeline):
                     weights = self._weights.pop(version, None)
                     self._lock.notify_all()
                 if weights is not None:
-                    self.backend.update_weights(weights, version=version)
+                    self.rollout.update_weights(weights, version=version)
                 t0, c0 = time.time(), time.perf_counter()
                 everything, kept, dropped = self.collect_batch(step, tasks)
-                stats = {f"rollout/{k}": v for k, v in self.backend.take_stats().items()}
+                stats = {f"rollout/{k}": v for k, v in self.rollout.take_stats().items()}
                 stats.update(rollout_start_s=t0, rollout_s=time.perf_counter() - c0)
                 with self._lock:
                     self._ready[step] = (version, everything, kept, dropped, stats)
@@ -175,21 +164,15 @@ class AsyncPipeline(SyncPipeline):
                 raise self._error or _Stopped()
             return self._ready.pop(step)
 
-    def close_backend(self, wait_s: float = 0) -> None:
-        if self.cfg.pipeline.workers != "thread":  # a worker process or Ray actors: stop them
-            self.backend.close(wait_s=wait_s)
-        else:
-            super().close_backend()
-
     def run(self, view: RunView | None = None) -> None:
         cfg, k = self.cfg, self.cfg.pipeline.max_staleness
-        rollout = threading.Thread(target=self._rollout_loop, name="assay-rollout", daemon=True)
+        sampler = threading.Thread(target=self._rollout_loop, name="assay-rollout", daemon=True)
         completed = False
         metrics = None
         try:
             writer = TrajectoryWriter(self.run_dir / "trajectories", self.start_step)
             metrics = self.open_metrics(writer.attempt)
-            rollout.start()
+            sampler.start()
             for step in range(self.start_step + 1, cfg.train.steps + 1):
                 version, everything, kept, dropped, rollout_stats = self._take(step)
                 mark_unchecked(everything, self.unchecked)
@@ -224,12 +207,11 @@ class AsyncPipeline(SyncPipeline):
                 self._lock.notify_all()
             if metrics is not None:
                 metrics.close()
-            if self.cfg.pipeline.workers == "thread" and rollout.is_alive():
-                rollout.join(timeout=60)  # the thread uses the backend until it stops: close it after
-            self.close_backend(wait_s=30 if completed else 0)  # after a failure, mid-rollout work is not waited for
+            # after a failure, mid-rollout work is not waited for (on a thread it must be: see ThreadRollout)
+            self.close_rollout(wait_s=30 if completed else 0)
             self.close_ranks()
-        if rollout.is_alive():
-            rollout.join(timeout=60)
+        if sampler.is_alive():
+            sampler.join(timeout=60)
 
 
 def make_pipeline(cfg: Config, run_dir: Path, resume: bool = False, given: Given | None = None) -> SyncPipeline:
@@ -238,8 +220,8 @@ def make_pipeline(cfg: Config, run_dir: Path, resume: bool = False, given: Given
 
 
 def run_training(config: Config | dict[str, Any] | str | Path, overrides: Sequence[str] = (), *,
-                 envs: Mapping[str, Environment] | None = None, policy: tuple[Any, Any] | None = None,
-                 backend: Callable[[Any, Any], RolloutBackend] | None = None) -> Path:
+                 envs: Mapping[str, Environment] | None = None, policy: Policy | None = None,
+                 backend: GivenBackend | None = None) -> Path:
     """`assay train` from Python: a Config, a dict in the config's shape or a YAML path (plus
     key=value overrides); RL runs to the end in RUN_DIR/NAME, which is returned. Objects may stand in
     for names: `envs` maps domain names to environment objects, `policy` is a (model, tokenizer) pair to

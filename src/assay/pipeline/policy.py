@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +19,13 @@ from assay.envs.base import Environment
 from assay.envs.split import draw_task
 from assay.rollout.base import RolloutBackend
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+Policy = tuple["PreTrainedModel", "PreTrainedTokenizerBase"]
+# what a Python caller may give instead of `rollout.backend`: (model, tokenizer) -> a backend around that model
+GivenBackend = Callable[["PreTrainedModel", "PreTrainedTokenizerBase"], RolloutBackend]
+
 
 @dataclass
 class Given:
@@ -28,8 +35,8 @@ class Given:
     live in this process, so they need `pipeline.workers: thread`."""
 
     envs: Mapping[str, Environment] = field(default_factory=dict)
-    policy: tuple[Any, Any] | None = None
-    backend: Callable[[Any, Any], RolloutBackend] | None = None
+    policy: Policy | None = None
+    backend: GivenBackend | None = None
 
     def check(self, cfg: Config) -> None:
         if unknown := sorted(set(self.envs) - {d.name for d in cfg.domains}):
@@ -59,7 +66,7 @@ def reference_corpus(envs: dict[str, Environment], per_domain: int, seed: int) -
             yield render_messages(task.prompt + env.reference_solution(task), list(task.tools))
 
 
-def build_policy(cfg: Config, envs: dict[str, Environment]) -> tuple[Any, Any]:
+def build_policy(cfg: Config, envs: dict[str, Environment]) -> Policy:
     if cfg.model.path:
         return load_model(cfg.model.path, cfg.model)
     tokenizer = train_tokenizer(reference_corpus(envs, cfg.model.tokenizer_corpus, cfg.seed), cfg.model.vocab_size)

@@ -7,8 +7,9 @@ Ray does not know which GPU rank 0 (the driver) holds, so it could hand that one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from assay.core.config import Config
 from assay.core.errors import AssayError
@@ -18,11 +19,21 @@ from assay.pipeline.rendezvous import join, open_rendezvous, pin_gloo_to_loopbac
 from assay.pipeline.train_ranks import GROUP_TIMEOUT, Rank, check_can_start, cpu_copy, state_bytes
 from assay.train.sharding import leave_process_group
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+    from torch.distributed import TCPStore
+    from transformers import PreTrainedModel
+
+
+T = TypeVar("T")
+
 
 class RayRanks:
     """The trainer's handle on ranks 1 .. world-1 as actors; create it before rank 0's trainer."""
 
-    def __init__(self, cfg: Config, model: Any, ref: Any, world: int, run_dir: Path) -> None:
+    def __init__(self, cfg: Config, model: PreTrainedModel, ref: PreTrainedModel | None, world: int,
+                 run_dir: Path) -> None:
         try:
             import ray
         except ImportError:
@@ -34,9 +45,9 @@ class RayRanks:
         check_can_start(model, world)
         self.ray = ray
         self.started, self.temp = start_ray(cfg, run_dir)
-        self.actors: list[Any] = []
-        self.pending: list[Any] = []  # the last step handed out, checked before the next
-        self.store: Any = None  # the rendezvous' server, kept while the group lives
+        self.actors: list[ActorHandle] = []
+        self.pending: list[ObjectRef[None]] = []  # the last step handed out, checked before the next
+        self.store: TCPStore | None = None  # the rendezvous' server, kept while the group lives
         local = cfg.pipeline.ray.address is None
         # gloo reads it for every group it builds (FSDP's mesh may build one), so it stays for the group's life
         self.unpin_gloo = pin_gloo_to_loopback() if local else lambda: None
@@ -64,7 +75,7 @@ class RayRanks:
             self.close()
             raise
 
-    def _get(self, refs: list[Any]) -> list[Any]:
+    def _get(self, refs: Sequence[ObjectRef[T]]) -> list[T]:
         try:
             return self.ray.get(refs)
         except self.ray.exceptions.RayActorError as e:

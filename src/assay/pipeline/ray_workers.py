@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -36,6 +36,13 @@ from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
 from assay.pipeline.ray_verifiers import RayVerifiers
 from assay.pipeline.worker import POLL_S, add_counts, copies, rollout_tasks, take_counts
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+    from ray.util.placement_group import PlacementGroup
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 
 # Ray's session directory holds Unix sockets, whose paths the kernel caps at 107 bytes: the temp dir,
 # then /session_2026-12-02_02-01-18_255973_4194304/sockets/plasma_store (64 bytes with a 7-digit pid)
@@ -51,6 +58,10 @@ def placement_wait(cfg: Config) -> float:
     return cfg.pipeline.ray.placement_wait_s or RESIZE_WAIT_S
 
 log = logging.getLogger(__name__)
+
+Slot = tuple["PlacementGroup", int]  # an actor's bundle: its placement group and the bundle's index there
+# a part of a step in flight: its result, when its actor began it, the actor
+Pending = tuple["ObjectRef[tuple[list[Trajectory], dict[str, float]]]", float, "ActorHandle"]
 
 
 class _Unplaced(AssayError):
@@ -82,8 +93,8 @@ def request_scale(run_dir: Path, n: int, verifiers: bool = False) -> None:
 class _RolloutActor:
     """One rollout worker inside a Ray actor: a copy of the policy, the environments and a backend."""
 
-    def __init__(self, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment],
-                 weights: list[tuple[str, Tensor]], version: int) -> None:
+    def __init__(self, cfg: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 envs: dict[str, Environment], weights: list[tuple[str, Tensor]], version: int) -> None:
         from assay.core.modeling import set_threads
         from assay.rollout.factory import make_backend
         from assay.rollout.weights import copy_weights
@@ -102,7 +113,7 @@ class _RolloutActor:
         self.backend.update_weights(weights, version=version)
 
     def rollout(self, tasks: list[Task], step: int, attempt: int, first: int,
-                verifiers: RayVerifiers | None) -> tuple[list[Trajectory], dict]:
+                verifiers: RayVerifiers | None) -> tuple[list[Trajectory], dict[str, float]]:
         """`verifiers`: the verifier actors as the driver has them now (they can change between rollouts)."""
         trajs = rollout_tasks(self.cfg, self.backend, self.tokenizer, self.envs, tasks, step, attempt, first,
                               verifiers.falling_back_to(self.envs) if verifiers else None)
@@ -161,7 +172,8 @@ def stop_ray(started: bool, temp: Path | None) -> None:
 class RayRollout:
     """The trainer's handle on the rollout actors, with the worker process's interface."""
 
-    def __init__(self, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment], run_dir: Path) -> None:
+    def __init__(self, cfg: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 envs: dict[str, Environment], run_dir: Path) -> None:
         try:
             import ray
         except ImportError:
@@ -171,13 +183,13 @@ class RayRollout:
         self.started, self.temp = start_ray(cfg, run_dir)
         self.ray, self.cfg, self.run_dir = ray, cfg, run_dir
         self.wait_s = placement_wait(cfg)
-        self.actors: list[Any] = []
-        self.slots: list[tuple[Any, int]] = []  # each actor's bundle: (placement group, index)
-        self.vacant: list[tuple[Any, int]] = []  # bundles reserved in a group that holds no actor now
-        self.groups: list[Any] = []  # the placement groups made, each removed once none of its bundles holds an actor
+        self.actors: list[ActorHandle] = []
+        self.slots: list[Slot] = []  # each actor's bundle: (placement group, index)
+        self.vacant: list[Slot] = []  # bundles reserved in a group that holds no actor now
+        self.groups: list[PlacementGroup] = []  # the placement groups made, each removed once none of its bundles holds an actor
         self.refused: dict[str, tuple[str, int]] = {}  # scale file -> its (text, mtime) whose width could not be placed
         self.closed = False
-        self.updates: list[tuple[Any, int, Any]] = []  # weight loads not yet checked: (result, version, actor)
+        self.updates: list[tuple[ObjectRef[None], int, ActorHandle]] = []  # weight loads not yet checked: (result, version, actor)
         self.verifiers: RayVerifiers | None = None
         r = cfg.pipeline.ray
         self.restarts, self.timeout_s = cfg.pipeline.worker_restarts, cfg.pipeline.worker_timeout_s
@@ -201,7 +213,7 @@ class RayRollout:
             self.close()
             raise
 
-    def _reserve(self, n: int) -> list[tuple[Any, int]]:
+    def _reserve(self, n: int) -> list[Slot]:
         """Bundles for `n` new actors: those reserved and vacant first, then a new placement group of the
         rest (one bundle per actor, `pipeline.ray.placement`), placed within the placement wait or refused."""
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -220,7 +232,7 @@ class RayRollout:
         self.groups.append(group)
         return taken + [(group, i) for i in range(n - len(taken))]
 
-    def _release(self, slots: list[tuple[Any, int]]) -> None:
+    def _release(self, slots: list[Slot]) -> None:
         """Bundles whose actors are gone stay reserved for the next scale-up; a group none of whose
         bundles holds an actor any more is removed (its resources go back to the cluster)."""
         from ray.util.placement_group import remove_placement_group
@@ -242,7 +254,7 @@ class RayRollout:
         log.info("rollout placement: %d actors in bundles of %s (%s; %d groups, %d bundles vacant) on %d nodes",
                  len(self.actors), self.bundle, self.strategy, len(self.groups), len(self.vacant), len(nodes))
 
-    def _new_actor(self, slot: tuple[Any, int]) -> Any:
+    def _new_actor(self, slot: Slot) -> ActorHandle:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         model, tokenizer, envs = self.refs
@@ -251,7 +263,7 @@ class RayRollout:
         return self.actor_class.options(scheduling_strategy=where).remote(self.cfg, model, tokenizer, envs,
                                                                           self.weights, self.version)
 
-    def _started(self, actors: list[Any], timeout_s: float | None = None) -> None:
+    def _started(self, actors: list[ActorHandle], timeout_s: float | None = None) -> None:
         """Wait until the actors serve; one that could not start is an error now, not a death later."""
         try:
             self.ray.get([a.pid.remote() for a in actors], timeout=timeout_s)
@@ -395,11 +407,11 @@ class RayRollout:
                             pending[j] = (other, float("inf"), by)
         return [t for i in sorted(done) for t in done[i]]
 
-    def _issue(self, actor: Any, part: tuple[int, list[Task]], step: int, attempt: int) -> tuple[Any, float, Any]:
+    def _issue(self, actor: ActorHandle, part: tuple[int, list[Task]], step: int, attempt: int) -> Pending:
         first, tasks = part
         return actor.rollout.remote(tasks, step, attempt, first, self.verifiers), time.monotonic(), actor
 
-    def _successor(self, dead: Any, pending: dict[int, tuple[Any, float, Any]]) -> Any:
+    def _successor(self, dead: ActorHandle, pending: dict[int, Pending]) -> ActorHandle:
         """The actor to take over a part of `dead`: its replacement, or, when the cluster could not place
         one (or another part of `dead` already had it replaced), the actor with the fewest parts."""
         if any(a is dead for a in self.actors):
@@ -408,7 +420,7 @@ class RayRollout:
                 return new
         return min(self.actors, key=lambda a: sum(by is a for _, _, by in pending.values()))
 
-    def _replace(self, dead: Any) -> Any:
+    def _replace(self, dead: ActorHandle) -> ActorHandle | None:
         """A new actor in the dead one's bundle, or None when the cluster cannot place it within
         the placement wait (its node lost, no room on another): the run then goes on with one actor fewer."""
         i = next(j for j, a in enumerate(self.actors) if a is dead)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from assay.core.checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from assay.core.config import Config, dump_config
@@ -24,18 +24,23 @@ from assay.mixer.mixer import DomainMixer
 from assay.mixer.stats import DomainStats
 from assay.pipeline.monitor import LoopholeWatch, log_training
 from assay.pipeline.policy import Given, build_policy, domain_envs
-from assay.pipeline.train_ranks import make_ranks
+from assay.pipeline.ranks import Ranks, make_ranks
+from assay.pipeline.rollout import Rollout, ThreadRollout
 from assay.pipeline.ui import RunView
-from assay.pipeline.worker import rollout_tasks
-from assay.rollout.base import require_backend
+from assay.rollout.base import RolloutBackend, require_backend
 from assay.rollout.factory import make_backend
 from assay.rollout.weights import copy_weights
 from assay.train.advantages import filter_zero_variance, paying_domains
 from assay.train.lora import with_lora
 from assay.train.trainer import GRPOTrainer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class SyncPipeline:
+    _backend: RolloutBackend  # the rollout's backend, which evaluations share (make_rollout)
+
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, given: Given | None = None) -> None:
         self.cfg, self.run_dir = cfg, run_dir
         self.given = given = given or Given()
@@ -72,7 +77,7 @@ class SyncPipeline:
         self.cfg = cfg = cfg.model_copy(update={"threads": self.threads})
         atomic_write(run_dir / "config.yaml", dump_config(cfg))
         ref = self._reference_policy() if cfg.train.loss.kl_coef > 0 else None
-        self.ranks = make_ranks(cfg, self.model, ref, run_dir) if cfg.train.distributed else None
+        self.ranks: Ranks | None = make_ranks(cfg, self.model, ref, run_dir) if cfg.train.distributed else None
         try:  # the ranks are processes and a process group: a failure from here on must not leave them
             self.trainer = GRPOTrainer(self.model, cfg.train, ref_model=ref, temperature=cfg.rollout.temperature,
                                        data_parallel=self.ranks is not None)
@@ -86,15 +91,15 @@ class SyncPipeline:
                 set_rng_state(blob["rng"])
                 self.start_step = state["step"]
                 self.resumed = blob
-            self.backend = self.rollout_backend()
-            self.backend.update_weights([], version=self.start_step)
+            self.rollout: Rollout = self.make_rollout()
+            self.rollout.update_weights([], version=self.start_step)
         except BaseException:
             self.close_ranks()
             raise
         self.qa_store = Path(cfg.eval.qa_store) if cfg.eval.qa_store else envqa_store()  # where `env show` reads
         self.watch = LoopholeWatch(cfg.eval.loophole_margin)
 
-    def _reference_policy(self) -> Any:
+    def _reference_policy(self) -> PreTrainedModel:
         """The KL anchor is the policy the run started from; kept on disk so a resume finds it."""
         path = self.run_dir / "reference_policy"
         if not (path / "config.json").is_file():
@@ -103,9 +108,6 @@ class SyncPipeline:
         ref.requires_grad_(False)
         return ref.eval()
 
-    def _rollout(self, tasks: list[Task], step: int, attempt: int) -> list[Trajectory]:
-        return rollout_tasks(self.cfg, self.backend, self.tokenizer, self.envs, tasks, step, attempt)
-
     def collect_batch(self, step: int, tasks: list[Task] | None = None
                       ) -> tuple[list[Trajectory], list[Trajectory], int]:
         """(every trajectory sampled, those kept for training, groups dropped for zero variance), from
@@ -113,7 +115,7 @@ class SyncPipeline:
         (`refill_tasks`), a bounded number of times, from the domains where refills pay
         (`paying_domains`)."""
         want = self.cfg.train.groups_per_step
-        everything = self._rollout(tasks if tasks is not None else self.mixer.sample(want), step, 0)
+        everything = self.rollout.rollout(tasks if tasks is not None else self.mixer.sample(want), step, 0)
         if not self.cfg.train.dynamic_sampling:
             return everything, everything, 0
         kept, dropped = filter_zero_variance(everything)
@@ -124,7 +126,7 @@ class SyncPipeline:
             tasks = self.refill_tasks(missing, step, paying_domains(everything, kept, self.cfg.train.refill_min_yield))
             if not tasks:  # no domain pays
                 break
-            more = self._rollout(tasks, step, attempt)
+            more = self.rollout.rollout(tasks, step, attempt)
             everything += more
             more_kept, more_dropped = filter_zero_variance(more)
             kept += more_kept
@@ -149,19 +151,19 @@ class SyncPipeline:
                 writer.write(everything, step)
                 stats = self.mixer.update(everything)
                 train_metrics = self.train_step(kept, step - 1)
-                self.backend.update_weights(self.trainer.named_weights(), version=step)
+                self.rollout.update_weights(self.trainer.named_weights(), version=step)
                 # what each worker did when (start: wall clock, duration: monotonic): the report's timeline
                 busy = {"rollout_start_s": t0, "rollout_s": c1 - c0, "train_start_s": t1,
                         "train_s": time.perf_counter() - c1}
                 self.monitor(step, everything, stats, metrics, view)
-                rollout = {f"rollout/{k}": v for k, v in self.backend.take_stats().items()}  # the engine's counters
+                rollout = {f"rollout/{k}": v for k, v in self.rollout.take_stats().items()}  # the engine's counters
                 record = {**train_metrics, "groups_dropped": dropped, "sampled": len(everything),
                           **stats.metrics(), **rollout, **busy}
                 self.end_step(step, record, stats, train_metrics, metrics, view)
         finally:
             metrics.close()
             self.close_ranks()
-            self.close_backend()
+            self.close_rollout()
 
     def train_step(self, batch: list[Trajectory], version: int) -> dict[str, float]:
         """One trainer step; with `train.ranks` > 1 every rank takes it together."""
@@ -169,13 +171,13 @@ class SyncPipeline:
             self.ranks.step(batch, version)
         return self.trainer.step(batch, version=version)
 
-    def close_backend(self, wait_s: float = 0) -> None:
-        """Stop what the rollout backend holds beyond this object (vLLM: its engine and process group), and
-        the verifier processes of this run's rollout, if it started any."""
+    def close_rollout(self, wait_s: float = 0) -> None:
+        """Stop the rollout (a backend's engine and process group, a worker process, Ray actors; a rollout
+        in flight is waited for up to `wait_s`), and the verifier processes this process started, if any."""
         from assay.envs.verifiers import close_shared_verifiers
 
         close_shared_verifiers(self.envs)
-        self.backend.close()
+        self.rollout.close(wait_s=wait_s)
 
     def close_ranks(self) -> None:
         """Stop the other ranks and leave the process group, whose gloo threads must end here rather than in
@@ -234,26 +236,27 @@ class SyncPipeline:
             if view:
                 view.warn(f"step {step}: {warning}")
 
-    def rollout_backend(self) -> Any:
-        """The backend rollouts run on: here the trainer's own weights (a weight sync is a version bump;
-        with LoRA a copy of the folded weights, sharded a copy of the gathered ones)."""
-        return self.make_backend(self.plain)
+    def make_rollout(self) -> Rollout:
+        """Where rollouts run: here on this thread, on the trainer's own weights (a weight sync is a version
+        bump; with LoRA a copy of the folded weights, sharded a copy of the gathered ones)."""
+        self._backend = self.make_backend(self.plain)
+        return ThreadRollout(self.cfg, self._backend, self.tokenizer, self.envs)
 
-    def make_backend(self, model: Any) -> Any:
+    def make_backend(self, model: PreTrainedModel) -> RolloutBackend:
         """The configured backend around `model`, or the one the caller's factory makes."""
         if self.given.backend is not None:
             return require_backend(self.given.backend(model, self.tokenizer), "the backend factory given to the pipeline")
         return make_backend(self.cfg.rollout, model, self.tokenizer)
 
-    def policy_model(self) -> Any:
+    def policy_model(self) -> PreTrainedModel:
         """The current policy as a plain Hugging Face model (with LoRA, the adapters folded in now)."""
         if self.plain is not self.model:
             copy_weights(self.plain, self.trainer.named_weights())
         return self.plain
 
-    def eval_backend(self) -> Any:
+    def eval_backend(self) -> RolloutBackend:
         """The backend evaluations run on: the rollout's own (it runs the trainer's current weights)."""
-        return self.backend
+        return self._backend
 
     def save(self, step: int) -> Path:
         return self._save(step)

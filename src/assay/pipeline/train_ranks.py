@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,20 @@ from assay.core.types import Trajectory
 from assay.pipeline.rendezvous import Rendezvous, join, pin_gloo_to_loopback
 from assay.pipeline.worker import POLL_S
 from assay.train.sharding import leave_process_group, local
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.queues import Queue
+
+    from transformers import PreTrainedModel
+
+    from assay.train.trainer import GRPOTrainer
+
+
+# what rank 0 sends a spawned rank: (a Rank method's name, its arguments...); None stops it. What the rank
+# answers: ("started",), ("ready",), (the method's name, what it returned) or ("error", traceback)
+Order = tuple[Any, ...]
+Reply = tuple[Any, ...]
 
 # a collective that waits longer has lost a rank (rank 0 also waits this long for the others to start)
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
@@ -73,12 +87,15 @@ def on_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
-def cpu_copy(model: Any) -> Any:
+M = TypeVar("M", bound=torch.nn.Module)
+
+
+def cpu_copy(model: M | None) -> M | None:
     """A copy on the CPU to hand to another rank (which moves it to its own device), without a second
     copy on the GPU first; tied weights stay tied. None stays None."""
     if model is None:
         return None
-    memo: dict[int, Any] = {}
+    memo: dict[int, torch.Tensor] = {}
     for p in model.parameters():
         memo[id(p)] = torch.nn.Parameter(p.detach().cpu().clone(), requires_grad=p.requires_grad)
     for b in model.buffers():
@@ -92,11 +109,11 @@ class Rank:
     and go to `device`. `init`: the spawned ranks' file store (a URL), or the Ray ranks' authenticated
     rendezvous."""
 
-    def __init__(self, rank: int, world: int, init: str | Rendezvous, cfg: Config, model: Any, ref: Any,
-                 device: str) -> None:
+    def __init__(self, rank: int, world: int, init: str | Rendezvous, cfg: Config, model: PreTrainedModel,
+                 ref: PreTrainedModel | None, device: str) -> None:
         self.rank, self.world, self.init, self.cfg, self.model, self.ref = rank, world, init, cfg, model, ref
         self.device = torch.device(device)
-        self.trainer: Any = None
+        self.trainer: GRPOTrainer | None = None
 
     def join(self) -> None:
         from assay.core.modeling import set_threads
@@ -116,19 +133,24 @@ class Rank:
                                    data_parallel=True)
 
     def step(self, batch: list[Trajectory], version: int) -> None:
-        self.trainer.step(batch, version=version)
+        self._joined().step(batch, version=version)
 
     def state(self, data: bytes) -> None:
         """Bytes, so that no two ranks share the tensors of one optimizer state; read onto the CPU (loading
         copies each tensor, or a sharded rank its shard, to the device)."""
-        self.trainer.load_state_dict(load_trainer_file(io.BytesIO(data)))  # tensors and plain data only
+        self._joined().load_state_dict(load_trainer_file(io.BytesIO(data)))  # tensors and plain data only
 
     def gather(self) -> None:
         """Join rank 0's gather of the whole trainer state (sharded: a collective); rank 0 keeps it."""
-        self.trainer.state_dict()
+        self._joined().state_dict()
 
     def digest(self) -> str:
-        return weights_digest(self.trainer.model)
+        return weights_digest(self._joined().model)
+
+    def _joined(self) -> GRPOTrainer:
+        if self.trainer is None:
+            raise AssayError(f"training rank {self.rank} was handed work before it joined the group (or after it left)")
+        return self.trainer
 
     def leave(self) -> None:
         self.trainer = None  # its sharded weights hold the group
@@ -141,8 +163,8 @@ def state_bytes(state: dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def _serve_rank(rank: int, world: int, init: str, cfg: Config, model: Any, ref: Any, device: str, inbox: Any,
-                outbox: Any) -> None:
+def _serve_rank(rank: int, world: int, init: str, cfg: Config, model: PreTrainedModel, ref: PreTrainedModel | None,
+                device: str, inbox: Queue[Order | None], outbox: Queue[Reply]) -> None:
     outbox.put(("started",))  # rank 0 joins the group only once every rank got this far
     me = Rank(rank, world, init, cfg, model, ref, device)
     try:
@@ -163,7 +185,7 @@ def _serve_rank(rank: int, world: int, init: str, cfg: Config, model: Any, ref: 
         me.leave()
 
 
-def check_can_start(model: Any, world: int) -> list[torch.device]:
+def check_can_start(model: PreTrainedModel, world: int) -> list[torch.device]:
     """What ranks on processes or Ray actors both need: no process group yet, and a device for each
     rank (returned, rank 0's first)."""
     if dist.is_initialized():
@@ -176,12 +198,14 @@ class TrainRanks:
     """Ranks 1 .. world-1 and the process group; create it before rank 0's trainer (which joins it).
     With world 1 (train.sharding: fsdp on one rank) it is the group alone."""
 
-    def __init__(self, cfg: Config, model: Any, ref: Any, world: int) -> None:
+    def __init__(self, cfg: Config, model: PreTrainedModel, ref: PreTrainedModel | None, world: int) -> None:
         devices = check_can_start(model, world)
         ctx = mp.get_context("spawn")
         self.dir = Path(tempfile.mkdtemp(prefix="assay-ranks-"))
         init = f"file://{self.dir / 'store'}"
-        self.procs, self.inboxes, self.outboxes = [], [], []
+        self.procs: list[BaseProcess] = []
+        self.inboxes: list[Queue[Order | None]] = []
+        self.outboxes: list[Queue[Reply]] = []
         try:
             for rank in range(1, world):
                 inbox, outbox = ctx.Queue(), ctx.Queue()
@@ -231,7 +255,7 @@ class TrainRanks:
             inbox.put(("digest",))
         return [self._receive(i)[1] for i in range(len(self.procs))]
 
-    def _receive(self, i: int) -> tuple[Any, ...]:
+    def _receive(self, i: int) -> Reply:
         while True:
             try:
                 msg = self.outboxes[i].get(timeout=POLL_S)
@@ -253,13 +277,3 @@ class TrainRanks:
                 proc.join()
         leave_process_group()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def make_ranks(cfg: Config, model: Any, ref: Any, run_dir: Path) -> TrainRanks | Any:
-    """Ranks 1 .. train.ranks-1 where `train.rank_workers` puts them: spawned processes, or Ray actors
-    (one rank needs neither: only its group)."""
-    if cfg.train.rank_workers == "ray" and cfg.train.ranks > 1:
-        from assay.pipeline.ray_ranks import RayRanks
-
-        return RayRanks(cfg, model, ref, cfg.train.ranks, run_dir)
-    return TrainRanks(cfg, model, ref, cfg.train.ranks)

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.multiprocessing as mp
 from torch import Tensor
@@ -29,13 +29,24 @@ from assay.core.errors import AssayError
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
 from assay.envs.verifiers import VerifierPool, shared_verifiers
-from assay.rollout.base import with_prefix_hit_rate
+from assay.rollout.base import RolloutBackend, with_prefix_hit_rate
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 
 POLL_S = 0.5  # how often a waiting trainer checks that the worker is still alive
 
+# what the trainer sends a worker: ("weights", named tensors, version) or ("rollout", tasks, step, attempt);
+# None stops it. What it answers: ("ready",), ("ok", trajectories, stats) or ("error", traceback)
+Request = tuple[Any, ...]
+Reply = tuple[Any, ...]
 
-def rollout_tasks(cfg: Config, backend: Any, tokenizer: Any, envs: dict[str, Environment], tasks: Sequence[Task],
-                  step: int, attempt: int, first: int = 0,
+
+def rollout_tasks(cfg: Config, backend: RolloutBackend, tokenizer: PreTrainedTokenizerBase, envs: dict[str, Environment],
+                  tasks: Sequence[Task], step: int, attempt: int, first: int = 0,
                   verifier_pool: VerifierPool | None = None) -> list[Trajectory]:
     """One rollout of a step's tasks (attempt 0, or a refill): the GRPO groups, verified and shaped.
     The pipeline and the workers all call this, so where it runs cannot change what it samples.
@@ -60,7 +71,8 @@ def sampling_seed(cfg: Config, step: int, attempt: int, first: int = 0) -> int:
     return seed if not first else (seed * 7_919 + first * 104_729) % 2**31
 
 
-def _serve(requests: Any, results: Any, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment]) -> None:
+def _serve(requests: Queue[Request | None], results: Queue[Reply], cfg: Config, model: PreTrainedModel,
+           tokenizer: PreTrainedTokenizerBase, envs: dict[str, Environment]) -> None:
     """The worker process: answer requests until None arrives. An exception is sent back, not raised,
     so the trainer's process names it."""
     from assay.core.modeling import set_threads
@@ -91,7 +103,7 @@ def _serve(requests: Any, results: Any, cfg: Config, model: Any, tokenizer: Any,
     gc.freeze()
 
 
-def _next(requests: Any, parent: int) -> Any:
+def _next(requests: Queue[Request | None], parent: int) -> Request | None:
     """The next request, or None once the trainer's process is gone (killed: nobody would read the answer)."""
     while os.getppid() == parent:
         try:
@@ -111,7 +123,8 @@ class RolloutWorker:
     nothing is lost or sampled twice; the replacements are counted as `worker_restarts`. A worker
     that cannot start (its environments do not import in a new process, say) is an error at once."""
 
-    def __init__(self, cfg: Config, model: Any, tokenizer: Any, envs: dict[str, Environment], restarts: int = 0,
+    def __init__(self, cfg: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 envs: dict[str, Environment], restarts: int = 0,
                  timeout_s: float | None = None) -> None:
         self.ctx = mp.get_context("spawn")  # fork would copy the trainer's thread pools mid-use
         self.cfg, self.model, self.tokenizer, self.envs = cfg, model, tokenizer, envs
@@ -169,7 +182,7 @@ class RolloutWorker:
         t, self.totals = take_counts(self.totals), Counter()
         return t
 
-    def _receive(self, started: bool, asked: float = 0.0) -> tuple[Any, ...]:
+    def _receive(self, started: bool, asked: float = 0.0) -> Reply:
         """The worker's next message. Raises _Died when a started worker died or hung past the timeout."""
         while True:
             try:

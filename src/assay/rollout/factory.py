@@ -11,10 +11,10 @@ constructor takes those three is one. Nothing heavy is imported here: the config
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING, Any, TypeVar
+from importlib.metadata import EntryPoint
+from typing import TYPE_CHECKING, TypeVar
 
-from assay.core.errors import AssayError
+from assay.core.registry import Registry
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -27,60 +27,33 @@ ENTRY_POINT_GROUP = "assay.rollout_backends"
 BackendFactory = Callable[["RolloutConfig", "PreTrainedModel", "PreTrainedTokenizerBase"], "RolloutBackend"]
 F = TypeVar("F", bound=BackendFactory)
 
-_factories: dict[str, BackendFactory] = {}
-_plugins: dict[str, EntryPoint] | None = None  # the entry points by name, listed once per process
+
+def _adopt(registry: Registry[BackendFactory], ep: EntryPoint, factory: object) -> None:
+    """A plugin's entry point names a factory (or a backend class, whose constructor is one)."""
+    if not callable(factory):
+        raise registry.plugin_error(ep, "must name a factory or a backend class")
+    registry.add(ep.name, factory)
+
+
+backends: Registry[BackendFactory] = Registry("rollout backend", "backends", ENTRY_POINT_GROUP, _adopt)
 
 
 def register_backend(name: str) -> Callable[[F], F]:
     """Decorator: make `factory(cfg, model, tokenizer)` the backend `rollout.backend: NAME` builds. In this
     process only; a backend that must also run in worker processes or Ray actors is named by an entry point
     in the `assay.rollout_backends` group (its own registration then finds the same factory)."""
-    if not name or name != name.strip():
-        raise AssayError(f"a rollout backend needs a non-empty name without surrounding spaces, got {name!r}")
-
-    def add(factory: F) -> F:
-        old = _factories.get(name)
-        if old is not None and _qualname(old) != _qualname(factory):
-            raise AssayError(f"rollout backend {name!r} is registered twice ({_qualname(old)} and "
-                             f"{_qualname(factory)}); rename one")
-        _factories[name] = factory
-        return factory
-
-    return add
-
-
-def _qualname(obj: Any) -> str:
-    return f"{obj.__module__}.{obj.__qualname__}"
-
-
-def _entry_points() -> dict[str, EntryPoint]:
-    global _plugins
-    if _plugins is None:
-        _plugins = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    return _plugins
+    return backends.register(name)
 
 
 def backend_names() -> list[str]:
     """Every backend `rollout.backend` may name: the registered ones and the installed plugins' (a plugin
     is imported only when a run builds it)."""
-    return sorted({*_factories, *_entry_points()})
+    return backends.names()
 
 
 def resolve_backend(name: str) -> BackendFactory:
     """The factory `name` names: a registered one, else the plugin's (loaded and registered now)."""
-    if name in _factories:
-        return _factories[name]
-    ep = _entry_points().get(name)
-    if ep is None:
-        raise AssayError(f"unknown rollout backend {name!r}; known backends: {', '.join(backend_names())} (a "
-                         f"plugin adds one through the {ENTRY_POINT_GROUP!r} entry-point group)")
-    try:
-        factory = ep.load()
-    except Exception as e:  # a broken plugin is named, not a crash deep inside a worker
-        raise AssayError(f"rollout backend plugin {name!r} ({ep.value}) failed to load: {e}") from e
-    if not callable(factory):
-        raise AssayError(f"rollout backend plugin {name!r} ({ep.value}) must name a factory or a backend class")
-    return register_backend(name)(factory)
+    return backends.get(name)
 
 
 def make_backend(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutBackend:
