@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import typing
 from collections.abc import Iterable, Sequence
 
@@ -142,3 +143,42 @@ def test_a_closed_thread_rollout_refuses_further_use(tiny_config, tmp_path):
     rollout.close()  # twice is harmless
     with pytest.raises(Exception, match="the rollout was closed while the rollout thread still used it"):
         rollout.update_weights([], version=1)
+
+
+PLUGIN = '''
+import os
+from pathlib import Path
+
+from assay.rollout.factory import resolve_backend
+
+
+def counted_engine(cfg, model, tokenizer):
+    """A user's backend: Assay's engine, built by the plugin's factory, which says in which process."""
+    with open(os.environ["ASSAY_TEST_PLUGIN_LOG"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    return resolve_backend("engine")(cfg, model, tokenizer)
+'''
+
+
+def test_a_plugin_backend_runs_in_the_worker_process(tiny_config, tmp_path, monkeypatch):
+    """Installed by an entry point only (nothing registers it in the worker), it is built and sampled there."""
+    site = tmp_path / "site"
+    (site / "assay_counted_engine-0.1.dist-info").mkdir(parents=True)
+    (site / "assay_counted_engine.py").write_text(PLUGIN)
+    (site / "assay_counted_engine-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: assay-counted-engine\nVersion: 0.1\n")
+    (site / "assay_counted_engine-0.1.dist-info" / "entry_points.txt").write_text(
+        "[assay.rollout_backends]\ncounted = assay_counted_engine:counted_engine\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("ASSAY_TEST_PLUGIN_LOG", str(tmp_path / "built.log"))
+    from assay.rollout import factory
+
+    monkeypatch.setattr(factory, "backends", factory.backends.copy())  # lists the plugin afresh, leaves no trace
+    cfg = load_config(tiny_config(name="plugin"), ["pipeline.mode=async", "train.steps=2", "train.checkpoint_every=2",
+                                                   "pipeline.workers=process", "rollout.backend=counted"])
+    AsyncPipeline(cfg, tmp_path / "plugin").run()
+    pids = [int(p) for p in (tmp_path / "built.log").read_text().split()]
+    assert pids and os.getpid() not in pids  # built in the worker process, not here
+    steps = [json.loads(line) for line in (tmp_path / "plugin" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["kind"] == "train"] == [1, 2]
