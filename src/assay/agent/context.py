@@ -53,9 +53,9 @@ class ContextState:
         return self._heads[key]
 
     def in_view(self) -> list[int]:
-        """Indices of the turns the coming turn sees: all of them, but an acting plan_execute turn sees only
-        those of the current subtask."""
-        if self.agent.mode == "plan_execute" and self.kind == "act":
+        """Indices of the turns the coming turn sees: all of them, but a plan_execute turn (planning or
+        acting) sees only those of the current subtask; the plan summarizes the rest."""
+        if self.agent.mode == "plan_execute":
             return [i for i, t in enumerate(self.turns) if t.subtask == self.plan.current]
         return list(range(len(self.turns)))
 

@@ -2,7 +2,8 @@
 
 react: every turn acts, on one context that grows (Assay's loop as it always was).
 plan_execute: a planning turn before every acting turn. The planner sees the task, the plan so far and the
-acting turns so far, and answers with the `plan` tool: the subtasks in order and the one to work on now.
+acting turns of the current subtask, and answers with the `plan` tool: the subtasks in order and the one
+to work on now (moving on, or staying).
 The plan is kept by the loop (the episode state), not in the context. An acting turn sees the task, a
 note naming the current subtask with a one-paragraph summary of the plan, and only the turns that served
 that subtask: no planning turns and no earlier subtasks' history, so the goal stays in view."""
@@ -17,7 +18,7 @@ from assay.core.types import Message, Observation, Task, ToolCall, ToolSpec
 from assay.envs.tools import validate_call
 
 TurnKind = Literal["act", "plan"]
-MAX_STEPS = 12
+MAX_STEPS = 32  # a long-horizon task's steps, one a turn or more
 
 PLAN_TOOL = ToolSpec("plan", "Write the task list: the steps in order, and the number of the step to work on now "
                              "(steps before it are done).",
@@ -68,7 +69,7 @@ class Plan:
 
 def planner_task(task: Task, plan: Plan) -> Task:
     """What a planning turn is prompted with (the turns so far follow it)."""
-    note = (f"You are planning, not acting. {plan.summary()} The turns taken so far follow. Call plan with the "
+    note = (f"You are planning, not acting. {plan.summary()} The current step's turns follow. Call plan with the "
             "whole task list and the number of the step to work on now.")
     return replace(task, prompt=[*task.prompt, Message("user", note)], tools=[PLAN_TOOL])
 
