@@ -11,6 +11,7 @@ from assay.agent.loop import run_episodes
 from assay.core.config import AgentConfig, LossConfig, ModelConfig, TrainConfig
 from assay.core.errors import AssayError
 from assay.core.modeling import build_model
+from assay.core.storage import trajectory_from_row, trajectory_row
 from assay.core.types import Message, ToolSpec, Trajectory
 from assay.rollout.base import SamplingParams
 from assay.train.trainer import GRPOTrainer
@@ -50,6 +51,9 @@ def test_a_history_that_overflows_the_window_completes_with_compaction_and_ends_
     last = policy.prompts[-1]
     assert "[read output elided: " in last and FILES["f6"] in last  # the newest result kept whole
     assert [m.content for m in on.messages if m.role == "tool"] == [FILES[f"f{i}"] for i in range(1, 7)]  # verified on
+    back = trajectory_from_row(trajectory_row(on, 0))  # the run directory keeps the segments
+    assert (back.segment_starts, back.peak_context, back.compactions) == (on.segment_starts, on.peak_context,
+                                                                          on.compactions)
 
 
 def test_drop_turns_sheds_whole_turns_and_a_misnamed_rule_fails_before_generating(tok):
