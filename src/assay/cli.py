@@ -636,12 +636,27 @@ def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, 
 
 
 @bench_app.command("agent")
-def bench_agent(policy: Annotated[Path, typer.Argument(help="a policy directory (e.g. runs/quickstart/sft/policy)")],
+def bench_agent(policy: Annotated[Path | None, typer.Argument(help="a policy directory (e.g. "
+                                                                 "runs/quickstart/sft/policy); not with --scripted")
+                                  ] = None,
                 overrides: Overrides = None,
                 tasks: Annotated[int, typer.Option(help="evaluation tasks per domain")] = 32,
                 n: Annotated[int, typer.Option(help="samples per task")] = 8,
-                rounds: Annotated[int, typer.Option(help="alternating rounds of both loops")] = 3) -> None:
-    """The lockstep agent loop beside the online one on the quickstart's domains (or a config's)."""
+                rounds: Annotated[int, typer.Option(help="alternating rounds of both loops")] = 3,
+                scripted: Annotated[bool, typer.Option(help="instead: the context countermeasures (compaction, "
+                                                            "memory, plan_execute) on and off under scripted "
+                                                            "policies on repo tasks (assay.bench.context)")] = False,
+                per_level: Annotated[int, typer.Option(help="--scripted: repo tasks per level (levels 2 and 4)")] = 4
+                ) -> None:
+    """The lockstep agent loop beside the online one on the quickstart's domains (or a config's); with
+    --scripted, the context countermeasures under scripted overflow and drift."""
+    if scripted:
+        from assay.bench.context import context_table, run_context_bench
+
+        print(context_table(*run_context_bench(tasks_per_level=per_level)))
+        return
+    if policy is None:
+        raise typer.BadParameter("assay bench agent POLICY: name a policy directory, or pass --scripted")
     from assay.bench.agent import run_agent_bench, table
     from assay.core.modeling import set_threads
     from assay.pipeline.quickstart import default_config

@@ -50,7 +50,7 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
             for k, task in enumerate(task for _, task in items for _ in range(n)):
                 jobs[name].append(EpisodeJob(task, acting_episode(envs[name], task, pool), params, dom.max_turns,
                                              dom.max_context, k, dom.time_limit_s, dom.verify_timeout_s, pool,
-                                             dom.tool_retries, dom.repair_tool_calls))
+                                             dom.tool_retries, dom.repair_tool_calls, dom.agent))
         if online:
             waiting = {}
             flat = run_episodes_online(backend, [j for js in jobs.values() for j in js], tokenizer, policy_version,
@@ -65,7 +65,7 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
                 j = js[0]
                 done[name] = run_episodes(backend, [(j.task, j.episode) for j in js], tokenizer, j.params, j.max_turns,
                                           j.max_context, policy_version, j.time_limit_s, j.verify_timeout_s, verifiers,
-                                          j.verifier, j.tool_retries, j.repair_tool_calls)
+                                          j.verifier, j.tool_retries, j.repair_tool_calls, j.agent)
     except BaseException:
         close_episodes([j.episode for js in waiting.values() for j in js])
         raise

@@ -16,9 +16,13 @@ from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
+from assay.agent.compaction import TurnBlock
+from assay.agent.context import ContextState, start_context
+from assay.agent.memory import step_calls
 from assay.agent.parse import parse_repairing, split_reasoning
-from assay.agent.render import observation_ids, prompt_ids
+from assay.agent.render import observation_ids
 from assay.core.chat_format import chat_format
+from assay.core.config import AgentConfig
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
 from assay.core.types import (
@@ -30,10 +34,11 @@ from assay.core.types import (
     Reward,
     Status,
     Task,
+    ToolCall,
     Trajectory,
 )
 from assay.envs.base import Episode
-from assay.envs.episode import close_episode, close_episodes, step_episode
+from assay.envs.episode import close_episode, close_episodes
 from assay.envs.tools import validate_call
 from assay.envs.verifiers import VerifierPool
 from assay.rollout.base import GenRequest, GenResult, OnlineBackend, RolloutBackend, SamplingParams
@@ -58,6 +63,7 @@ class EpisodeJob:
     verifier: VerifierPool | None = None  # verifies a fresh episode elsewhere (processes, actors); None: this one
     tool_retries: int = 0  # malformed turns in a row answered with a retry prompt, outside max_turns
     repair_tool_calls: bool = False  # repair calls that do not parse (the degraded path)
+    agent: AgentConfig = field(default_factory=AgentConfig)  # mode, memory tool, compaction
 
 
 @dataclass
@@ -84,11 +90,26 @@ class _Run:
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "tool_s": 0.0, "verify_s": 0.0})
     started: float = field(default_factory=time.perf_counter)
     closed: bool = False  # its episode's close() was called
+    ctx: ContextState | None = None  # head, turns, plan and notes (agent/context.py)
+    seg: int = 0  # where the current context starts in ids: the engine is prompted with ids[seg:]
+    segment_starts: list[int] = field(default_factory=list)
+    peak: int = 0  # the largest context a turn saw
+    plan_turns: int = 0
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.ids += ids
         self.mask += [int(sampled)] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+    def new_segment(self, ids: list[int]) -> None:
+        """A re-rendered context: the next turns are prompted with it, not with what came before."""
+        self.segment_starts.append(len(self.ids))
+        self.seg = len(self.ids)
+        self.append(ids, sampled=False)
+
+    @property
+    def context_len(self) -> int:
+        return len(self.ids) - self.seg
 
 
 def run_episodes(
@@ -105,6 +126,7 @@ def run_episodes(
     verifier: VerifierPool | None = None,
     tool_retries: int = 0,
     repair_tool_calls: bool = False,
+    agent: AgentConfig | None = None,
 ) -> list[Trajectory]:
     """Act out every (task, episode) to the end and verify it (in `verifier` when given);
     one trajectory per item, in order.
@@ -120,12 +142,13 @@ def run_episodes(
     is an error result the policy sees and counts as a turn; with `tool_retries` the first that many in
     a row run nothing and answer with the validator's message and a retry prompt instead, outside the
     max_turns budget (see `_take_turn`). With `repair_tool_calls`, a call that does not parse is repaired
-    (agent.parse.repair_json) before it is called malformed.
+    (agent.parse.repair_json) before it is called malformed. `agent` sets the mode, the memory tool and
+    compaction (agent/context.py); a compaction or a plan_execute turn starts a new token segment.
     Trajectory.policy_version is the oldest weights version that sampled any of its tokens
     (`policy_version` when nothing was sampled). timings["generate_s"] is the wall time of the batched
     generate calls the episode took part in."""
     jobs = [EpisodeJob(task, episode, params, max_turns, max_context, i, time_limit_s, verify_timeout_s, verifier,
-                       tool_retries, repair_tool_calls)
+                       tool_retries, repair_tool_calls, agent or AgentConfig())
             for i, (task, episode) in enumerate(items)]
     runs: list[_Run] = []
     try:
@@ -223,8 +246,9 @@ def _start(job: EpisodeJob, tokenizer: PreTrainedTokenizerBase) -> _Run:
                          f"{job.max_context}")
     if not job.params.stop_token_ids:
         job = replace(job, params=replace(job.params, stop_token_ids=stop_token_ids(tokenizer)))
-    ids = prompt_ids(tokenizer, job.task)
-    r = _Run(job, [], list(job.task.prompt), prompt_len=len(ids))
+    ctx = start_context(job.agent, job.task)
+    ids = ctx.render(tokenizer)
+    r = _Run(job, [], list(job.task.prompt), prompt_len=len(ids), ctx=ctx, peak=len(ids))
     r.append(ids, sampled=False)
     if len(ids) >= job.max_context:
         r.finish = "context"
@@ -236,18 +260,19 @@ def _request(r: _Run) -> GenRequest:
     room left in its context."""
     p = r.job.params
     seed = None if p.seed is None else p.seed + r.turns
-    return GenRequest(list(r.ids), replace(p, max_tokens=min(p.max_tokens, r.job.max_context - len(r.ids)), seed=seed),
-                      stream=r.job.stream)
+    return GenRequest(r.ids[r.seg:], replace(p, max_tokens=min(p.max_tokens, r.job.max_context - r.context_len),
+                                             seed=seed), stream=r.job.stream)
 
 
 def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> None:
     job = r.job
-    room_limited = job.max_context - len(r.ids) < job.params.max_tokens
+    room_limited = job.max_context - r.context_len < job.params.max_tokens
     r.turns += 1
     r.versions.append(res.policy_version)
     if len(res.logprobs) != len(res.token_ids):
         raise AssayError("run_episodes: the backend returned logprobs and token ids of different lengths")
     r.append(res.token_ids, sampled=True, logprobs=res.logprobs)
+    r.peak = max(r.peak, r.context_len)
     stopped = res.finish_reason == "stop" and bool(res.token_ids) and res.token_ids[-1] in job.params.stop_token_ids
     text = tokenizer.decode(res.token_ids[:-1] if stopped else res.token_ids, skip_special_tokens=False)
     fmt = chat_format(tokenizer)
@@ -257,6 +282,11 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
     if not stopped:  # cut at max_tokens: an unfinished turn is not acted on
         r.finish = "context" if room_limited else "length"
         return
+    ctx = r.ctx
+    assert ctx is not None
+    if ctx.kind == "plan":
+        _plan_turn(r, calls, err, tokenizer)
+        return
     retried, r.streak = r.streak, 0
     if not calls and err is None:
         r.retry_successes += int(retried > 0)  # a well-formed answer after a retry prompt
@@ -265,7 +295,7 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
 
     # Validated before anything runs, so that a turn to be retried runs none of its calls. The episode
     # validates again in step_episode (the one place every caller goes through); the same schema check.
-    invalid = [validate_call(c, job.task.tools) for c in calls]
+    invalid = [validate_call(c, ctx.tools) for c in calls]
     problems = [err] if err is not None else [p for p in invalid if p is not None]
     r.call_turns += 1
     r.malformed += int(bool(problems))
@@ -281,7 +311,7 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
         if err is not None:
             observations.append((None, Observation(f"error: {err}", is_error=True)))
         t0 = time.perf_counter()
-        stepped = step_episode(job.episode, calls, job.task.tools)
+        stepped = step_calls(job.episode, calls, job.task.tools, ctx.notes)
         r.timings["tool_s"] += time.perf_counter() - t0
         r.error = r.error or stepped.error
         # degraded: a repaired call that passed its schema and was acted on (stepping may stop early)
@@ -305,12 +335,45 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
     if job.time_limit_s is not None and time.perf_counter() - r.started > job.time_limit_s:
         r.finish = "time_limit"
         return
-    obs_ids = observation_ids(tokenizer, [o.content for _, o in observations])
-    if len(r.ids) + len(obs_ids) >= job.max_context:  # no room left to sample even one token after it
-        r.finish = "context"
+    outputs = [o.content for _, o in observations]
+    obs_ids = observation_ids(tokenizer, outputs)
+    ctx.turns.append(TurnBlock(tuple(res.token_ids), tuple(name or "" for name, _ in observations), tuple(outputs),
+                               tuple(obs_ids), subtask=ctx.plan.current))
+    ctx.advance_kind()
+    if _next_context(r, tokenizer, obs_ids):
+        r.retries += int(r.streak > 0)  # the retry prompt was shown: the policy will answer it
+
+
+def _plan_turn(r: _Run, calls: list[ToolCall], err: str | None, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A plan_execute planning turn: its plan call updates the plan kept outside the context (agent/modes.py);
+    the turn does not count against max_turns, and an acting turn always follows it."""
+    assert r.ctx is not None
+    r.plan_turns += 1
+    r.free_turns += 1
+    obs = r.ctx.plan.apply(calls, err)
+    r.tool_errors += int(obs.is_error)
+    r.messages.append(Message("tool", obs.content, name="plan"))
+    if r.job.time_limit_s is not None and time.perf_counter() - r.started > r.job.time_limit_s:
+        r.finish = "time_limit"
         return
-    r.append(obs_ids, sampled=False)
-    r.retries += int(r.streak > 0)  # the retry prompt was shown: the policy will answer it
+    r.ctx.advance_kind()
+    _next_context(r, tokenizer, [])
+
+
+def _next_context(r: _Run, tokenizer: PreTrainedTokenizerBase, appended: list[int]) -> bool:
+    """Prompt the next turn: the current context plus `appended`, or a re-rendered one (compacted, or
+    plan_execute's next kind of turn) as a new segment; False (finish "context") when no token would fit."""
+    assert r.ctx is not None
+    nxt = r.ctx.next_prompt(tokenizer, r.context_len, appended, r.job.max_context, r.job.params.max_tokens)
+    if nxt is None:  # no room left to sample even one token after it
+        r.finish = "context"
+        return False
+    ids, fresh = nxt
+    if fresh:
+        r.new_segment(ids)
+    else:
+        r.append(ids, sampled=False)
+    return True
 
 
 def _verify(r: _Run) -> Reward:
@@ -396,6 +459,12 @@ def _finish(r: _Run, policy_version: int) -> Trajectory:
         retries=r.retries,
         retry_successes=r.retry_successes,
         degraded_calls=r.degraded,
+        segment_starts=r.segment_starts,
+        peak_context=r.peak,
+        compactions=r.ctx.compactions if r.ctx is not None else 0,
+        memory_calls=r.ctx.notes.calls if r.ctx is not None and r.ctx.notes is not None else 0,
+        memory_errors=r.ctx.notes.errors if r.ctx is not None and r.ctx.notes is not None else 0,
+        plan_turns=r.plan_turns,
         finish_reason=r.finish,
         reward=reward,
         passed=passed,

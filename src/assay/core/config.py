@@ -80,6 +80,31 @@ class RewardTerm(_Strict):
     weight: float = Field(1.0, description="The term's weight in the sum")
 
 
+class AgentConfig(_Strict):
+    mode: Literal["react", "plan_execute"] = Field("react", description=(
+        "`react`: one context that grows turn by turn; `plan_execute`: a planning turn (the `plan` tool) before "
+        "every acting turn keeps a task list outside the context, and each acting turn sees the task, the current "
+        "subtask and a one-paragraph summary of the plan, with only that subtask's turns; planning turns do not "
+        "count against `max_turns` (assay.agent.modes)"))
+    memory: bool = Field(False, description=(
+        "Offer `note_write(key, text)`, `note_read(key)` and `note_search(query)` to tasks that have tools: notes "
+        "kept by the loop for the episode, outside the context, so compaction never drops them"))
+    note_max_chars: int = Field(2000, gt=0, description="Memory: characters per note; a longer note is refused "
+                                                        "with an error observation")
+    notes_max_chars: int = Field(16000, gt=0, description="Memory: characters of all the episode's notes together")
+    compaction: str = Field("none", description=(
+        "A compaction rule from assay.agent.compaction's registry, for when the context nears `max_context`: "
+        "`none`, the episode ends with finish reason `context`; "
+        "`elide_observations`, the oldest tool results become a one-line stub naming the tool and its size; "
+        "`drop_turns`, the oldest turns leave the context whole. The system prompt, the task and the last "
+        "`keep_last` turns stay. Each compaction starts a new token segment, and the trainer scores each segment "
+        "as the policy saw it (assay.agent.compaction)"))
+    keep_last: int = Field(2, ge=0, description="Compaction: the newest turns kept as they are")
+    compact_at: float = Field(0.9, gt=0, le=1, description=(
+        "Compaction: compact when the context passes this share of `max_context` or leaves no room for a whole "
+        "turn of `max_new_tokens`; it sheds the oldest turns' tokens until it is below that again"))
+
+
 class DomainConfig(_Strict):
     name: str = Field(description="Domain name, unique in the run; overrides address the domain by it "
                                   "(`domains.NAME.key=value`)")
@@ -124,6 +149,9 @@ class DomainConfig(_Strict):
     regression: float = Field(0.3, ge=0, lt=1, description="Rolling pass rate below which difficulty drops")
     env_args: dict[str, Any] = Field({}, description=(
         "Passed to the environment's constructor (e.g. `jsonl`: `path`, `matcher`, `category`)"))
+    agent: AgentConfig = Field(AgentConfig(), description=(
+        "The agent loop's context handling: mode, memory tool, compaction; training and evaluation run the same "
+        "loop, so evaluate with the setting you trained with"))
 
 
 class MixerConfig(_Strict):
@@ -147,7 +175,7 @@ class LossConfig(_Strict):
     per_domain_normalize: bool = Field(True, description="Rescale each domain's advantages to unit std")
     aggregation: Literal["token", "sequence"] = Field("token", description=(
         "`token`: every token of the batch weighs the same (long answers weigh more); `sequence`: the mean per "
-        "sequence, then over sequences"))
+        "sequence, then over sequences (each context segment of a compacted or plan_execute episode is one)"))
     decoupled: bool = Field(False, description=(
         "Decoupled PPO, for stale (async) samples and engine mismatch: clip against the trainer's weights at "
         "arrival (the proximal policy), weight by the truncated importance ratio proximal / behaviour"))

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 # fields and its Task's, flattened (one env_hash: the trajectory's, else the task's), plus the step.
 # Scalars are columns, token-level data typed lists, everything else JSON text.
 _SCALARS = {int: pa.int64(), float: pa.float64(), bool: pa.bool_(), str: pa.string()}
-_TOKEN_LISTS = {"token_ids": pa.list_(pa.int32()), "loss_mask": pa.list_(pa.int8()), "logprobs": pa.list_(pa.float32())}
+_TOKEN_LISTS = {"token_ids": pa.list_(pa.int32()), "loss_mask": pa.list_(pa.int8()), "logprobs": pa.list_(pa.float32()),
+                "segment_starts": pa.list_(pa.int32())}
 
 
 def _messages_from(items: list[dict[str, Any]]) -> list[Message]:

@@ -101,6 +101,16 @@ class Trajectory:
     # staged verification: each milestone its environment declares (envs.milestones), in order, and whether
     # the episode reached it; {} where the environment declares none
     milestones: dict[str, bool] = field(default_factory=dict)
+    # context handling (agent.* keys): where each context after the first starts in token_ids (a compaction or a
+    # plan_execute turn re-renders the context: the policy then saw that segment, not the concatenation), the
+    # largest context one turn saw (prompt + what it sampled), compactions, memory-tool calls and refused ones,
+    # planning turns (plan_execute; counted in `turns`, not against max_turns)
+    segment_starts: list[int] = field(default_factory=list)
+    peak_context: int = 0
+    compactions: int = 0
+    memory_calls: int = 0
+    memory_errors: int = 0
+    plan_turns: int = 0
     finish_reason: FinishReason = ""
     reward: float = 0.0
     passed: bool = False
@@ -111,6 +121,12 @@ class Trajectory:
     group_id: str = ""  # samples of one GRPO group share it
     usage: dict[str, int] = field(default_factory=dict)  # token counts a remote endpoint reported (it gives no ids)
 
+    def segments(self) -> list[tuple[int, int]]:
+        """(start, end) of each context in token_ids, in order: what the trainer scores as one sequence each.
+        A segment starts with the context the policy was prompted with (mask 0)."""
+        bounds = [0, *self.segment_starts, len(self.token_ids)]
+        return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
     @property
     def completion_tokens(self) -> int:
         """Tokens the policy sampled."""
@@ -119,5 +135,5 @@ class Trajectory:
     @property
     def prompt_tokens(self) -> int:
         """Tokens the policy read but did not sample: prompt and observations (an endpoint's billed prompt
-        tokens, which count the history again every turn)."""
+        tokens, which count the history again every turn; a re-rendered context counts again too)."""
         return len(self.token_ids) - sum(self.loss_mask) if self.token_ids else self.usage.get("prompt_tokens", 0)

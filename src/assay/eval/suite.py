@@ -30,7 +30,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from assay.core.config import DifficultyRange, DomainConfig
+from assay.core.config import AgentConfig, DifficultyRange, DomainConfig
 from assay.core.errors import ConfigError
 from assay.core.paths import envqa_store
 from assay.core.types import Task
@@ -51,6 +51,7 @@ class SuiteLimits(_Strict):
     time_s: float | None = Field(None, gt=0)  # wall-clock budget per episode (None: none)
     tool_retries: int = Field(0, ge=0)  # as the domain keys of that name: evaluate as the policy was trained
     repair_tool_calls: bool = False
+    agent: AgentConfig = Field(default_factory=AgentConfig)  # the domain key agent: mode, memory, compaction
 
 
 class SuiteEntry(_Strict):
@@ -197,7 +198,7 @@ def suite_domains(suite: Suite, envs: dict[str, Environment]) -> dict[str, Domai
         out[entry.label] = DomainConfig(name=entry.label, env=entry.env, max_new_tokens=lim.max_new_tokens,
                                         max_turns=lim.max_turns, max_context=lim.max_context,
                                         time_limit_s=lim.time_s, tool_retries=lim.tool_retries,
-                                        repair_tool_calls=lim.repair_tool_calls,
+                                        repair_tool_calls=lim.repair_tool_calls, agent=lim.agent,
                                         difficulty=DifficultyRange(min=levels[0], max=levels[-1], start=levels[0]))
     return out
 

@@ -31,6 +31,10 @@ class DomainStep:
     malformed_rate: float | None = None
     retry_success_rate: float | None = None
     degraded_calls: float | None = None
+    # context handling (domain key agent): per trajectory, the largest context a turn saw, compactions, memory calls
+    peak_context: float | None = None
+    compactions: float | None = None
+    memory_calls: float | None = None
     reward_terms: dict[str, float] = field(default_factory=dict)  # mean of each shaped reward term
     milestones: dict[str, float] = field(default_factory=dict)  # hit rate of each milestone (staged verification)
 
@@ -75,6 +79,9 @@ def summarize(trajs: Sequence[Trajectory], difficulty: int, ratio: float) -> Dom
         malformed_rate=ratio_of(ok, "malformed_calls", "call_turns"),
         retry_success_rate=ratio_of(ok, "retry_successes", "retries"),
         degraded_calls=mean([float(t.degraded_calls) for t in ok]),
+        peak_context=mean([float(t.peak_context) for t in ok]),
+        compactions=mean([float(t.compactions) for t in ok]),
+        memory_calls=mean([float(t.memory_calls) for t in ok]),
         reward_terms=_term_means(ok),
         milestones=_hit_rates(ok),
     )

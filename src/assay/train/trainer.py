@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -43,8 +43,19 @@ from assay.train.sharding import (
 
 @dataclass
 class Sample:
-    traj: Trajectory
+    traj: Trajectory  # one segment of a trajectory: the context one or more of its turns were prompted with
     advantage: float
+    source: int = 0  # the trajectory's index in the batch
+
+
+def segment_views(t: Trajectory) -> list[Trajectory]:
+    """The trajectory as the sequences the policy saw: itself when it kept one context, else one view per
+    segment (Trajectory.segments) that sampled anything, each scored on its own, so every sampled token is
+    scored on exactly the context it was sampled in."""
+    if not t.segment_starts:
+        return [t]
+    return [replace(t, token_ids=t.token_ids[a:b], loss_mask=t.loss_mask[a:b], logprobs=t.logprobs[a:b],
+                    segment_starts=[]) for a, b in t.segments() if any(t.loss_mask[a:b])]
 
 
 @dataclass
@@ -143,14 +154,15 @@ class GRPOTrainer:
     # -- the update ------------------------------------------------------------------------------
 
     def prepare(self, batch: Sequence[Trajectory]) -> list[Sample]:
-        """Advantages for the batch; trajectories with a failed status are dropped here."""
+        """Advantages for the batch, one sample per segment of each trajectory (all with its advantage);
+        trajectories with a failed status are dropped here."""
         lc = self.cfg.loss
         adv = group_advantages(batch, lc.kind, lc.std_normalize, lc.per_domain_normalize)
         samples = []
         for i, (t, a) in enumerate(zip(batch, adv, strict=True)):
             if a is not None:
                 _check(i, t)
-                samples.append(Sample(t, a))
+                samples += [Sample(view, a, i) for view in segment_views(t)]
         return samples
 
     def step(self, batch: Sequence[Trajectory], version: int | None = None) -> dict[str, float]:
@@ -169,7 +181,9 @@ class GRPOTrainer:
     def _update(self, batch: Sequence[Trajectory], version: int | None) -> dict[str, float]:
         samples = self.prepare(batch)
         tokens = sum(sum(s.traj.loss_mask) for s in samples)
-        base = {"trajectories": float(len(samples)), "infra_dropped": float(len(batch) - len(samples))}
+        kept = len({s.source for s in samples})
+        base = {"trajectories": float(kept), "infra_dropped": float(len(batch) - kept),
+                "sequences": float(len(samples))}
         base["tokens"] = float(tokens)
         if version is not None and samples:
             base |= staleness_metrics([s.traj for s in samples], version)
