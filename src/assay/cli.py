@@ -339,7 +339,9 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
           max_batch: Annotated[int | None, typer.Option(help="sequences the engine runs at once (default: the "
                                                         "profile's)")] = None,
           api_key_env: Annotated[str | None, typer.Option(help="the environment variable holding the API key "
-                                                          "clients must send as a Bearer token; never printed")] = None
+                                                          "clients must send as a Bearer token; never printed")] = None,
+          log: Annotated[str | None, typer.Option(help="log every completed request (trajectory schema, Parquet) to "
+                                                  "this directory or fsspec URL (s3://...); durable per request")] = None
           ) -> None:
     """An OpenAI-compatible API (chat completions, completions, models; /health, /metrics) on Assay's engine."""
     from assay.serve import require_installed
@@ -349,7 +351,7 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
     from assay.serve.server import ServeOptions
     from assay.serve.server import serve as run_server
 
-    run_server(policy, get_profile(profile), ServeOptions(host, port, max_queue, max_batch, api_key_env))
+    run_server(policy, get_profile(profile), ServeOptions(host, port, max_queue, max_batch, api_key_env, log=log))
 
 
 @app.command()

@@ -13,7 +13,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,7 @@ from assay.serve.protocol import (
     Usage,
     validation_error,
 )
+from assay.serve.sessions import SESSION_HEADER, PolicyVersion, Served, served
 
 POLL_S = 0.25  # how often a waiting request looks for its client's disconnect
 
@@ -64,6 +65,11 @@ class ServeState:
     stop_ids: frozenset[int]
     api_key: str | None = field(default=None, repr=False)  # never in a repr, a log or a response
     created: int = field(default_factory=lambda: int(time.time()))
+    version: PolicyVersion = PolicyVersion(1, "", "")  # the policy answering, with its weights' hash
+    profile: str = "standard"
+    # called (on a worker thread, before the response goes out) with every completed request: the session
+    # log, the canary's statistics
+    observers: list[Callable[[Served], None]] = field(default_factory=list)
 
 
 class _Disconnected(Exception):
@@ -136,12 +142,13 @@ async def _serve(s: ServeState, request: Request, route: str, model: type[BaseMo
         ticket = _submit(s, requests, req.stream)
         s.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
         if req.stream:
-            stream = _stream(s, request, route, req, ticket, how, [len(p) for p in prompts], t0)
+            stream = _stream(s, request, route, req, ticket, how, prompts, t0)
             return StreamingResponse(stream, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         results = await _results(ticket, request)
         body = (_chat_body(s, req, results[0], how, len(prompts[0])) if isinstance(req, ChatCompletionRequest)
                 else _completion_body(s, req, results, how, [len(p) for p in prompts]))
+        await _observe(s, request, route, req, body.id, prompts, results, how, t0)
         return _count(s, route, JSONResponse(body.model_dump(exclude_none=False)), t0)
     except ApiError as e:
         return _count(s, route, _error(e), t0)
@@ -205,6 +212,17 @@ def _submit(s: ServeState, requests: list[GenRequest], stream: bool) -> Ticket:
     except AssayError as e:
         raise ApiError(400, str(e), param="n") from None
     return ticket
+
+
+async def _observe(s: ServeState, request: Request, route: str, req: ChatCompletionRequest | CompletionRequest,
+                   rid: str, prompts: list[list[int]], results: list[list[GenResult]], how: Reading,
+                   t0: float) -> None:
+    """A completed request to the observers, before its response goes out: a logged request is durable by
+    the time its client reads it."""
+    if s.observers:
+        done = served(s, request.headers.get(SESSION_HEADER), route, req, rid, prompts, results, how,
+                      time.perf_counter() - t0)
+        await asyncio.to_thread(lambda: [observe(done) for observe in s.observers])
 
 
 async def _next_event(ticket: Ticket, request: Request) -> Event:
@@ -319,8 +337,9 @@ def _sse(obj: dict[str, Any]) -> str:
 
 
 async def _stream(s: ServeState, request: Request, route: str, req: ChatCompletionRequest | CompletionRequest,
-                  ticket: Ticket, how: Reading, prompt_lens: list[int], t0: float) -> AsyncIterator[str]:
+                  ticket: Ticket, how: Reading, prompts: list[list[int]], t0: float) -> AsyncIterator[str]:
     chat = isinstance(req, ChatCompletionRequest)
+    prompt_lens = [len(p) for p in prompts]
     cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     head = {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
             "model": s.model_id}
@@ -381,6 +400,8 @@ async def _stream(s: ServeState, request: Request, route: str, req: ChatCompleti
             if first and out:
                 s.metrics.first_token.observe(time.perf_counter() - t0)
                 first = False
+            if final:
+                await _observe(s, request, route, req, cid, prompts, event.results, how, t0)
             if out:
                 yield _sse({**head, "choices": out})
             if final:

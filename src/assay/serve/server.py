@@ -24,6 +24,8 @@ from assay.serve.app import ServeState, make_app
 from assay.serve.batcher import Batcher
 from assay.serve.metrics import make_metrics
 from assay.serve.profile import ServeProfile
+from assay.serve.session_log import SessionLog
+from assay.serve.sessions import PolicyVersion, attach_log, weights_hash
 
 log = logging.getLogger("assay.serve")
 
@@ -36,6 +38,7 @@ class ServeOptions:
     max_batch: int | None = None  # sequences in the engine at once; None: the profile's
     api_key_env: str | None = None  # the environment variable holding the key; None: no key
     model_id: str | None = None  # the name clients pass as `model`; None: the policy argument as given
+    log: str | None = None  # the session log: a directory or fsspec URL; None: no log
 
 
 def policy_dir(policy: Path) -> Path:
@@ -59,7 +62,8 @@ def api_key(env: str | None) -> str | None:
 
 
 def build_state(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_id: str, profile: ServeProfile,
-                options: ServeOptions, engine: EngineConfig | None = None) -> ServeState:
+                options: ServeOptions, engine: EngineConfig | None = None, version: int = 1,
+                policy_name: str | None = None) -> ServeState:
     """The engine (the profile's configuration unless given) and its thread, started; the routes' state."""
     key = api_key(options.api_key_env)
     eng = Engine(model.eval(), tokenizer, engine or profile.engine)
@@ -72,7 +76,8 @@ def build_state(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, mode
     holder.append(batcher)
     batcher.start()
     return ServeState(model_id, tokenizer, batcher, metrics, eng.model.max_positions, len(tokenizer),
-                      frozenset(eng.default_stop), api_key=key)
+                      frozenset(eng.default_stop), api_key=key,
+                      version=PolicyVersion(version, policy_name or model_id, weights_hash(model)), profile=profile.name)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -110,7 +115,11 @@ def serve(policy: Path, profile: ServeProfile, options: ServeOptions) -> None:
     api_key(key_env)  # an unset variable fails before the model loads
     model, tokenizer = load_model(where)
     threads = apply_threads(0, model)
-    state = build_state(model, tokenizer, options.model_id or str(policy), profile, options)
+    state = build_state(model, tokenizer, options.model_id or str(policy), profile, options, policy_name=str(where))
+    sessions = SessionLog(options.log) if options.log else None
+    if sessions is not None:
+        attach_log(state, sessions)
+        log.info("logging every completed request to %s", options.log)
     sock = bind(options.host, options.port)
     url = url_of(sock)
     log.info("serving %s (%s) as model %r, profile %s, %d torch threads, at %s/v1; queue %d, batch %d; %s",
@@ -126,6 +135,8 @@ def serve(policy: Path, profile: ServeProfile, options: ServeOptions) -> None:
     finally:
         state.batcher.stop()
         sock.close()
+        if sessions is not None:
+            sessions.close()
 
 
 @dataclass
