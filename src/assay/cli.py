@@ -355,6 +355,24 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
 
 
 @app.command()
+def replay(log: Annotated[str, typer.Argument(help="a session log: the directory or fsspec URL of assay serve --log")],
+           policy: Annotated[Path, typer.Option(help="the policy to replay on: runs/NAME, a checkpoint or Hugging Face "
+                                                     "directory, a .gguf file, or smollm2")],
+           show: Annotated[int, typer.Option(help="differing choices to print")] = 20) -> None:
+    """Re-run the logged sessions on a policy (same prompts and sampling) and print where outcomes differ."""
+    from assay.core.modeling import apply_threads, load_model
+    from assay.serve.replay import format_report
+    from assay.serve.replay import replay as run_replay
+    from assay.serve.server import policy_dir
+    from assay.serve.session_log import read_sessions
+
+    sessions = read_sessions(log)
+    model, tokenizer = load_model(policy_dir(policy))
+    apply_threads(0, model)
+    console.print(format_report(run_replay(sessions, model, tokenizer), show), markup=False, highlight=False)
+
+
+@app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="runs/NAME")]) -> None:
     """Write runs/NAME/report.html with per-domain curves."""
     from assay.eval.report import write_report

@@ -13,38 +13,18 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serve_helpers import CALC, MODEL, SMALL_ENGINE
+from serve_helpers import CALC, MODEL
 
 from assay.core.errors import AssayError
 from assay.core.modeling import save_model
-from assay.serve.profile import STANDARD
-from assay.serve.server import ServeOptions, build_state, start_server
 from assay.serve.session_log import SessionLog, read_session_rows, read_sessions
-from assay.serve.sessions import attach_log, weights_hash
+from assay.serve.sessions import weights_hash
 
 TOOLS = [{"type": "function", "function": CALC.to_json()}]
 
 
 def ask(a: int, b: int) -> list[dict]:
     return [{"role": "system", "content": "Use the calc tool."}, {"role": "user", "content": f"What is {a}+{b}?"}]
-
-
-@pytest.fixture
-def logged(policy, tok):
-    """logged(url, **log options) -> (server, log); both closed after the test."""
-    opened = []
-
-    def start(url: str, **kw):
-        state = build_state(policy, tok, MODEL, STANDARD, ServeOptions(), SMALL_ENGINE)
-        log = SessionLog(url, **kw)
-        attach_log(state, log)
-        opened.append((start_server(state), log))
-        return opened[-1]
-
-    yield start
-    for server, log in opened:
-        server.close()
-        log.close()
 
 
 def traffic(url: str) -> list:
