@@ -50,6 +50,7 @@ from assay.serve.protocol import (
 from assay.serve.sessions import SESSION_HEADER, PolicyVersion, Served, served
 
 POLL_S = 0.25  # how often a waiting request looks for its client's disconnect
+VERSION_HEADER = "X-Assay-Version"  # on every answer: the number of the deployment's version that gave it
 
 
 @dataclass
@@ -70,6 +71,10 @@ class ServeState:
     # called (on a worker thread, before the response goes out) with every completed request: the session
     # log, the canary's statistics
     observers: list[Callable[[Served], None]] = field(default_factory=list)
+    # a deployment of several versions: picks the state that answers a session (canary.Deployment.pick)
+    route: Callable[[str | None], ServeState] | None = None
+    # more routes (the deployment's feedback and status), each given the app and the API-key check
+    extra_routes: list[Callable[[FastAPI, Callable[[Request], None]], None]] = field(default_factory=list)
 
 
 class _Disconnected(Exception):
@@ -116,6 +121,8 @@ def make_app(s: ServeState) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await _serve(s, request, "completions", CompletionRequest)
 
+    for add in s.extra_routes:
+        add(app, lambda request: _authorize(s, request))
     return app
 
 
@@ -131,6 +138,7 @@ async def _serve(s: ServeState, request: Request, route: str, model: type[BaseMo
         if req.model != s.model_id:
             raise ApiError(404, f"model {req.model!r} is not served here; this server serves {s.model_id!r} "
                                 "(GET /v1/models)", param="model", code="model_not_found")
+        s = _routed(s, request, req)
         if isinstance(req, ChatCompletionRequest):
             prompts = [chat_prompt_ids(s.tokenizer, req)]
             how = _chat_reading(s, req)
@@ -144,12 +152,14 @@ async def _serve(s: ServeState, request: Request, route: str, model: type[BaseMo
         if req.stream:
             stream = _stream(s, request, route, req, ticket, how, prompts, t0)
             return StreamingResponse(stream, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                              VERSION_HEADER: str(s.version.number)})
         results = await _results(ticket, request)
         body = (_chat_body(s, req, results[0], how, len(prompts[0])) if isinstance(req, ChatCompletionRequest)
                 else _completion_body(s, req, results, how, [len(p) for p in prompts]))
         await _observe(s, request, route, req, body.id, prompts, results, how, t0)
-        return _count(s, route, JSONResponse(body.model_dump(exclude_none=False)), t0)
+        return _count(s, route, JSONResponse(body.model_dump(exclude_none=False),
+                                             headers={VERSION_HEADER: str(s.version.number)}), t0)
     except ApiError as e:
         return _count(s, route, _error(e), t0)
     except _Disconnected:
@@ -158,6 +168,11 @@ async def _serve(s: ServeState, request: Request, route: str, model: type[BaseMo
     finally:
         if ticket is not None and not ticket.stream:
             ticket.cancelled = True  # after its results this does nothing; before them it aborts the request
+
+
+def _routed(s: ServeState, request: Request, req: ChatCompletionRequest | CompletionRequest) -> ServeState:
+    """The version that answers: in a deployment the router's pick, sticky by session."""
+    return s.route(request.headers.get(SESSION_HEADER) or req.user) if s.route is not None else s
 
 
 def _authorize(s: ServeState, request: Request) -> None:

@@ -22,6 +22,7 @@ from assay.core.errors import AssayError
 from assay.rollout.engine import Engine, EngineConfig
 from assay.serve.app import ServeState, make_app
 from assay.serve.batcher import Batcher
+from assay.serve.canary import CanaryConfig, Deployment, canary
 from assay.serve.metrics import make_metrics
 from assay.serve.profile import ServeProfile
 from assay.serve.session_log import SessionLog
@@ -39,6 +40,9 @@ class ServeOptions:
     api_key_env: str | None = None  # the environment variable holding the key; None: no key
     model_id: str | None = None  # the name clients pass as `model`; None: the policy argument as given
     log: str | None = None  # the session log: a directory or fsspec URL; None: no log
+    canary: Path | None = None  # a candidate policy served to a share of sessions beside the stable one
+    canary_config: CanaryConfig | None = None  # share, the sequential test's alpha and margin
+    deployment_record: Path | None = None  # a JSON file holding the deployment (versions, hashes, pointer)
 
 
 def policy_dir(policy: Path) -> Path:
@@ -80,6 +84,23 @@ def build_state(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, mode
                       version=PolicyVersion(version, policy_name or model_id, weights_hash(model)), profile=profile.name)
 
 
+def _candidate(stable: ServeState, options: ServeOptions, profile: ServeProfile) -> ServeState:
+    """Load the canary's policy as version 2 and put both in a deployment."""
+    from assay.core.modeling import load_model
+
+    assert options.canary is not None
+    where = policy_dir(options.canary)
+    model, tokenizer = load_model(where)
+    candidate = build_state(model, tokenizer, stable.model_id, profile, options, version=2, policy_name=str(where))
+    cfg = options.canary_config or CanaryConfig()
+    d: Deployment = canary(stable, candidate, cfg, options.deployment_record)
+    log.info("canary: version 2 (%s, %s) gets %.0f%% of sessions beside version 1 (%s, %s); rollback on a significant "
+             "success-rate loss, promotion when within %.3f (alpha %.3f)%s", where, candidate.version.hash[:19],
+             100 * cfg.share, stable.version.name, stable.version.hash[:19], cfg.margin, cfg.alpha,
+             f"; deployment record {d.record}" if d.record else "")
+    return candidate
+
+
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -116,9 +137,13 @@ def serve(policy: Path, profile: ServeProfile, options: ServeOptions) -> None:
     model, tokenizer = load_model(where)
     threads = apply_threads(0, model)
     state = build_state(model, tokenizer, options.model_id or str(policy), profile, options, policy_name=str(where))
+    states = [state]
+    if options.canary is not None:
+        states.append(_candidate(state, options, profile))
     sessions = SessionLog(options.log) if options.log else None
     if sessions is not None:
-        attach_log(state, sessions)
+        for s in states:
+            attach_log(s, sessions)
         log.info("logging every completed request to %s", options.log)
     sock = bind(options.host, options.port)
     url = url_of(sock)
@@ -133,7 +158,8 @@ def serve(policy: Path, profile: ServeProfile, options: ServeOptions) -> None:
     except KeyboardInterrupt:  # uvicorn shut down gracefully, then raised the signal again
         log.info("stopped")
     finally:
-        state.batcher.stop()
+        for s in states:
+            s.batcher.stop()
         sock.close()
         if sessions is not None:
             sessions.close()
