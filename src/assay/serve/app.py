@@ -237,7 +237,11 @@ async def _observe(s: ServeState, request: Request, route: str, req: ChatComplet
     if s.observers:
         done = served(s, request.headers.get(SESSION_HEADER), route, req, rid, prompts, results, how,
                       time.perf_counter() - t0)
-        await asyncio.to_thread(lambda: [observe(done) for observe in s.observers])
+        try:
+            await asyncio.to_thread(lambda: [observe(done) for observe in s.observers])
+        except OSError as e:  # the log's disk or store failed: the client must not take the answer as recorded
+            raise ApiError(503, f"the request completed but could not be logged ({e}); retry it",
+                           type_="server_error", code="log_failed") from None
 
 
 async def _next_event(ticket: Ticket, request: Request) -> Event:
@@ -426,6 +430,9 @@ async def _stream(s: ServeState, request: Request, route: str, req: ChatCompleti
         yield "data: [DONE]\n\n"
     except _Disconnected:
         pass
+    except ApiError as e:  # the session log failed at the end
+        status = str(e.status)
+        yield _sse(e.body())
     finally:
         if not finished:
             ticket.cancelled = True  # the engine thread aborts it at its next step
