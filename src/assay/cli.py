@@ -339,17 +339,48 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
           max_batch: Annotated[int | None, typer.Option(help="sequences the engine runs at once (default: the "
                                                         "profile's)")] = None,
           api_key_env: Annotated[str | None, typer.Option(help="the environment variable holding the API key "
-                                                          "clients must send as a Bearer token; never printed")] = None
+                                                          "clients must send as a Bearer token; never printed")] = None,
+          log: Annotated[str | None, typer.Option(help="log every completed request (trajectory schema, Parquet) to "
+                                                  "this directory or fsspec URL (s3://...); durable per request")] = None,
+          canary: Annotated[Path | None, typer.Option(help="a candidate policy served to --share of sessions, rolled "
+                                                      "back automatically on a significant success-rate loss")] = None,
+          share: Annotated[float, typer.Option(help="the canary's share of sessions")] = 0.1,
+          alpha: Annotated[float, typer.Option(help="the canary test's error rates (false rollback, false "
+                                               "promotion)")] = 0.05,
+          margin: Annotated[float, typer.Option(help="the success-rate loss a promotion tolerates")] = 0.1,
+          deployment: Annotated[Path | None, typer.Option(help="a JSON file kept with the deployment's versions, "
+                                                          "hashes, pointer and decisions")] = None
           ) -> None:
     """An OpenAI-compatible API (chat completions, completions, models; /health, /metrics) on Assay's engine."""
     from assay.serve import require_installed
 
     require_installed()
+    from assay.serve.canary import CanaryConfig
     from assay.serve.profile import get_profile
     from assay.serve.server import ServeOptions
     from assay.serve.server import serve as run_server
 
-    run_server(policy, get_profile(profile), ServeOptions(host, port, max_queue, max_batch, api_key_env))
+    run_server(policy, get_profile(profile), ServeOptions(
+        host, port, max_queue, max_batch, api_key_env, log=log, canary=canary, deployment_record=deployment,
+        canary_config=CanaryConfig(share, alpha, margin) if canary is not None else None))
+
+
+@app.command()
+def replay(log: Annotated[str, typer.Argument(help="a session log: the directory or fsspec URL of assay serve --log")],
+           policy: Annotated[Path, typer.Option(help="the policy to replay on: runs/NAME, a checkpoint or Hugging Face "
+                                                     "directory, a .gguf file, or smollm2")],
+           show: Annotated[int, typer.Option(help="differing choices to print")] = 20) -> None:
+    """Re-run the logged sessions on a policy (same prompts and sampling) and print where outcomes differ."""
+    from assay.core.modeling import apply_threads, load_model
+    from assay.serve.replay import format_report
+    from assay.serve.replay import replay as run_replay
+    from assay.serve.server import policy_dir
+    from assay.serve.session_log import read_sessions
+
+    sessions = read_sessions(log)
+    model, tokenizer = load_model(policy_dir(policy))
+    apply_threads(0, model)
+    console.print(format_report(run_replay(sessions, model, tokenizer), show), markup=False, highlight=False)
 
 
 @app.command()

@@ -12,6 +12,8 @@ from assay.core.tokenizer import render_messages, train_tokenizer
 from assay.rollout.engine import EngineConfig
 from assay.serve.profile import STANDARD
 from assay.serve.server import ServeOptions, build_state, start_server
+from assay.serve.session_log import SessionLog
+from assay.serve.sessions import attach_log
 from assay.train.sft import sft_train
 
 torch.set_num_threads(1)
@@ -69,3 +71,21 @@ def serve_babbler(babbler, tok):
     yield start
     for s in started:
         s.close()
+
+
+@pytest.fixture
+def logged(policy, tok):
+    """logged(url, **log options) -> (server, log): the policy served with a session log; both closed after."""
+    opened = []
+
+    def start(url: str, **kw):
+        state = build_state(policy, tok, MODEL, STANDARD, ServeOptions(), SMALL_ENGINE)
+        log = SessionLog(url, **kw)
+        attach_log(state, log)
+        opened.append((start_server(state), log))
+        return opened[-1]
+
+    yield start
+    for server, log in opened:
+        server.close()
+        log.close()

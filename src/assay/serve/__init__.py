@@ -8,6 +8,10 @@ metrics.py    Prometheus metrics
 app.py        the FastAPI routes
 profile.py    serving profiles, by name (standard)
 server.py     loading the policy, binding the socket, uvicorn
+sessions.py   a completed request as a record for observers and as trajectories
+session_log.py  the session log: a journal durable per request, compacted into Parquet shards (fsspec)
+replay.py     assay replay: logged sessions sampled again on another policy, outcomes compared
+canary.py     deployments: versions with hashes, sticky canary routing, feedback, the sequential test
 """
 
 from importlib.util import find_spec

@@ -13,7 +13,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +47,10 @@ from assay.serve.protocol import (
     Usage,
     validation_error,
 )
+from assay.serve.sessions import SESSION_HEADER, PolicyVersion, Served, served
 
 POLL_S = 0.25  # how often a waiting request looks for its client's disconnect
+VERSION_HEADER = "X-Assay-Version"  # on every answer: the number of the deployment's version that gave it
 
 
 @dataclass
@@ -64,6 +66,15 @@ class ServeState:
     stop_ids: frozenset[int]
     api_key: str | None = field(default=None, repr=False)  # never in a repr, a log or a response
     created: int = field(default_factory=lambda: int(time.time()))
+    version: PolicyVersion = PolicyVersion(1, "", "")  # the policy answering, with its weights' hash
+    profile: str = "standard"
+    # called (on a worker thread, before the response goes out) with every completed request: the session
+    # log, the canary's statistics
+    observers: list[Callable[[Served], None]] = field(default_factory=list)
+    # a deployment of several versions: picks the state that answers a session (canary.Deployment.pick)
+    route: Callable[[str | None], ServeState] | None = None
+    # more routes (the deployment's feedback and status), each given the app and the API-key check
+    extra_routes: list[Callable[[FastAPI, Callable[[Request], None]], None]] = field(default_factory=list)
 
 
 class _Disconnected(Exception):
@@ -110,6 +121,8 @@ def make_app(s: ServeState) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await _serve(s, request, "completions", CompletionRequest)
 
+    for add in s.extra_routes:
+        add(app, lambda request: _authorize(s, request))
     return app
 
 
@@ -125,6 +138,7 @@ async def _serve(s: ServeState, request: Request, route: str, model: type[BaseMo
         if req.model != s.model_id:
             raise ApiError(404, f"model {req.model!r} is not served here; this server serves {s.model_id!r} "
                                 "(GET /v1/models)", param="model", code="model_not_found")
+        s = _routed(s, request, req)
         if isinstance(req, ChatCompletionRequest):
             prompts = [chat_prompt_ids(s.tokenizer, req)]
             how = _chat_reading(s, req)
@@ -136,13 +150,16 @@ async def _serve(s: ServeState, request: Request, route: str, model: type[BaseMo
         ticket = _submit(s, requests, req.stream)
         s.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
         if req.stream:
-            stream = _stream(s, request, route, req, ticket, how, [len(p) for p in prompts], t0)
+            stream = _stream(s, request, route, req, ticket, how, prompts, t0)
             return StreamingResponse(stream, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                              VERSION_HEADER: str(s.version.number)})
         results = await _results(ticket, request)
         body = (_chat_body(s, req, results[0], how, len(prompts[0])) if isinstance(req, ChatCompletionRequest)
                 else _completion_body(s, req, results, how, [len(p) for p in prompts]))
-        return _count(s, route, JSONResponse(body.model_dump(exclude_none=False)), t0)
+        await _observe(s, request, route, req, body.id, prompts, results, how, t0)
+        return _count(s, route, JSONResponse(body.model_dump(exclude_none=False),
+                                             headers={VERSION_HEADER: str(s.version.number)}), t0)
     except ApiError as e:
         return _count(s, route, _error(e), t0)
     except _Disconnected:
@@ -151,6 +168,11 @@ async def _serve(s: ServeState, request: Request, route: str, model: type[BaseMo
     finally:
         if ticket is not None and not ticket.stream:
             ticket.cancelled = True  # after its results this does nothing; before them it aborts the request
+
+
+def _routed(s: ServeState, request: Request, req: ChatCompletionRequest | CompletionRequest) -> ServeState:
+    """The version that answers: in a deployment the router's pick, sticky by session."""
+    return s.route(request.headers.get(SESSION_HEADER) or req.user) if s.route is not None else s
 
 
 def _authorize(s: ServeState, request: Request) -> None:
@@ -205,6 +227,21 @@ def _submit(s: ServeState, requests: list[GenRequest], stream: bool) -> Ticket:
     except AssayError as e:
         raise ApiError(400, str(e), param="n") from None
     return ticket
+
+
+async def _observe(s: ServeState, request: Request, route: str, req: ChatCompletionRequest | CompletionRequest,
+                   rid: str, prompts: list[list[int]], results: list[list[GenResult]], how: Reading,
+                   t0: float) -> None:
+    """A completed request to the observers, before its response goes out: a logged request is durable by
+    the time its client reads it."""
+    if s.observers:
+        done = served(s, request.headers.get(SESSION_HEADER), route, req, rid, prompts, results, how,
+                      time.perf_counter() - t0)
+        try:
+            await asyncio.to_thread(lambda: [observe(done) for observe in s.observers])
+        except OSError as e:  # the log's disk or store failed: the client must not take the answer as recorded
+            raise ApiError(503, f"the request completed but could not be logged ({e}); retry it",
+                           type_="server_error", code="log_failed") from None
 
 
 async def _next_event(ticket: Ticket, request: Request) -> Event:
@@ -319,8 +356,9 @@ def _sse(obj: dict[str, Any]) -> str:
 
 
 async def _stream(s: ServeState, request: Request, route: str, req: ChatCompletionRequest | CompletionRequest,
-                  ticket: Ticket, how: Reading, prompt_lens: list[int], t0: float) -> AsyncIterator[str]:
+                  ticket: Ticket, how: Reading, prompts: list[list[int]], t0: float) -> AsyncIterator[str]:
     chat = isinstance(req, ChatCompletionRequest)
+    prompt_lens = [len(p) for p in prompts]
     cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     head = {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
             "model": s.model_id}
@@ -381,6 +419,8 @@ async def _stream(s: ServeState, request: Request, route: str, req: ChatCompleti
             if first and out:
                 s.metrics.first_token.observe(time.perf_counter() - t0)
                 first = False
+            if final:
+                await _observe(s, request, route, req, cid, prompts, event.results, how, t0)
             if out:
                 yield _sse({**head, "choices": out})
             if final:
@@ -390,6 +430,9 @@ async def _stream(s: ServeState, request: Request, route: str, req: ChatCompleti
         yield "data: [DONE]\n\n"
     except _Disconnected:
         pass
+    except ApiError as e:  # the session log failed at the end
+        status = str(e.status)
+        yield _sse(e.body())
     finally:
         if not finished:
             ticket.cancelled = True  # the engine thread aborts it at its next step

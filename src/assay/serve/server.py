@@ -22,8 +22,11 @@ from assay.core.errors import AssayError
 from assay.rollout.engine import Engine, EngineConfig
 from assay.serve.app import ServeState, make_app
 from assay.serve.batcher import Batcher
+from assay.serve.canary import CanaryConfig, Deployment, canary
 from assay.serve.metrics import make_metrics
 from assay.serve.profile import ServeProfile
+from assay.serve.session_log import SessionLog
+from assay.serve.sessions import PolicyVersion, attach_log, weights_hash
 
 log = logging.getLogger("assay.serve")
 
@@ -36,6 +39,10 @@ class ServeOptions:
     max_batch: int | None = None  # sequences in the engine at once; None: the profile's
     api_key_env: str | None = None  # the environment variable holding the key; None: no key
     model_id: str | None = None  # the name clients pass as `model`; None: the policy argument as given
+    log: str | None = None  # the session log: a directory or fsspec URL; None: no log
+    canary: Path | None = None  # a candidate policy served to a share of sessions beside the stable one
+    canary_config: CanaryConfig | None = None  # share, the sequential test's alpha and margin
+    deployment_record: Path | None = None  # a JSON file holding the deployment (versions, hashes, pointer)
 
 
 def policy_dir(policy: Path) -> Path:
@@ -59,7 +66,8 @@ def api_key(env: str | None) -> str | None:
 
 
 def build_state(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_id: str, profile: ServeProfile,
-                options: ServeOptions, engine: EngineConfig | None = None) -> ServeState:
+                options: ServeOptions, engine: EngineConfig | None = None, version: int = 1,
+                policy_name: str | None = None) -> ServeState:
     """The engine (the profile's configuration unless given) and its thread, started; the routes' state."""
     key = api_key(options.api_key_env)
     eng = Engine(model.eval(), tokenizer, engine or profile.engine)
@@ -72,7 +80,25 @@ def build_state(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, mode
     holder.append(batcher)
     batcher.start()
     return ServeState(model_id, tokenizer, batcher, metrics, eng.model.max_positions, len(tokenizer),
-                      frozenset(eng.default_stop), api_key=key)
+                      frozenset(eng.default_stop), api_key=key,
+                      version=PolicyVersion(version, policy_name or model_id, weights_hash(model)), profile=profile.name)
+
+
+def _candidate(stable: ServeState, options: ServeOptions, profile: ServeProfile) -> ServeState:
+    """Load the canary's policy as version 2 and put both in a deployment."""
+    from assay.core.modeling import load_model
+
+    assert options.canary is not None
+    where = policy_dir(options.canary)
+    model, tokenizer = load_model(where)
+    candidate = build_state(model, tokenizer, stable.model_id, profile, options, version=2, policy_name=str(where))
+    cfg = options.canary_config or CanaryConfig()
+    d: Deployment = canary(stable, candidate, cfg, options.deployment_record)
+    log.info("canary: version 2 (%s, %s) gets %.0f%% of sessions beside version 1 (%s, %s); rollback on a significant "
+             "success-rate loss, promotion when within %.3f (alpha %.3f)%s", where, candidate.version.hash[:19],
+             100 * cfg.share, stable.version.name, stable.version.hash[:19], cfg.margin, cfg.alpha,
+             f"; deployment record {d.record}" if d.record else "")
+    return candidate
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -110,7 +136,15 @@ def serve(policy: Path, profile: ServeProfile, options: ServeOptions) -> None:
     api_key(key_env)  # an unset variable fails before the model loads
     model, tokenizer = load_model(where)
     threads = apply_threads(0, model)
-    state = build_state(model, tokenizer, options.model_id or str(policy), profile, options)
+    state = build_state(model, tokenizer, options.model_id or str(policy), profile, options, policy_name=str(where))
+    states = [state]
+    if options.canary is not None:
+        states.append(_candidate(state, options, profile))
+    sessions = SessionLog(options.log) if options.log else None
+    if sessions is not None:
+        for s in states:
+            attach_log(s, sessions)
+        log.info("logging every completed request to %s", options.log)
     sock = bind(options.host, options.port)
     url = url_of(sock)
     log.info("serving %s (%s) as model %r, profile %s, %d torch threads, at %s/v1; queue %d, batch %d; %s",
@@ -124,8 +158,11 @@ def serve(policy: Path, profile: ServeProfile, options: ServeOptions) -> None:
     except KeyboardInterrupt:  # uvicorn shut down gracefully, then raised the signal again
         log.info("stopped")
     finally:
-        state.batcher.stop()
+        for s in states:
+            s.batcher.stop()
         sock.close()
+        if sessions is not None:
+            sessions.close()
 
 
 @dataclass

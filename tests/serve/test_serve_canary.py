@@ -1,0 +1,228 @@
+"""Canary deployments: the sequential test's error rates and speed (simulated), and real servers: a broken
+candidate (an untrained policy, whose answers the client's check fails) rolled back automatically, a healthy
+one (the same weights) promoted, sticky sessions, feedback refusals, a manual rollback as a pointer flip."""
+
+import copy
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from serve_helpers import CALC, MODEL, SMALL_ENGINE
+
+from assay.core.errors import AssayError
+from assay.serve.canary import CanaryConfig, bucket, canary, decide, radius
+from assay.serve.profile import STANDARD
+from assay.serve.server import ServeOptions, build_state, start_server
+
+TOOLS = [{"type": "function", "function": CALC.to_json()}]
+
+
+def simulate(p_stable: float, p_candidate: float, cfg: CanaryConfig, horizon: int, rng: random.Random,
+             every: int = 1) -> tuple[str, int]:
+    """Requests routed at cfg.share, each with a verdict, the test read after every `every` verdicts;
+    (decision, requests served when it was taken)."""
+    s, c = [0, 0], [0, 0]
+    for n in range(1, horizon + 1):
+        if rng.random() < cfg.share:
+            c[0] += rng.random() < p_candidate
+            c[1] += 1
+        else:
+            s[0] += rng.random() < p_stable
+            s[1] += 1
+        if n % every == 0 and (d := decide((s[0], s[1]), (c[0], c[1]), cfg)) != "continue":
+            return d, n
+    return "continue", horizon
+
+
+def test_the_confidence_sequence_narrows_and_covers():
+    assert radius(0, 0.025, 1.0) == 1.0
+    widths = [radius(n, 0.025, 1.0) for n in (10, 100, 1000, 10000)]
+    assert widths == sorted(widths, reverse=True) and widths[-1] < 0.03
+    rng = random.Random(1)
+    misses = 0
+    for _ in range(200):  # a rate of 0.7 leaves the sequence (at any of 2000 looks) in far fewer than 2.5% of runs
+        k = 0
+        for n in range(1, 2001):
+            k += rng.random() < 0.7
+            if abs(k / n - 0.7) > radius(n, 0.025, 1.0):
+                misses += 1
+                break
+    assert misses <= 5
+
+
+def test_broken_candidates_are_rolled_back_fast_and_healthy_ones_are_not():
+    """The numbers the README states: share 0.1, alpha 0.05, margin 0.1, stable success rate 0.9."""
+    cfg = CanaryConfig(share=0.1, alpha=0.05, margin=0.1)
+    rng = random.Random(0)
+    broken = [simulate(0.9, 0.0, cfg, 5000, rng) for _ in range(100)]
+    assert all(d == "rollback" for d, _ in broken)
+    assert sorted(n for _, n in broken)[94] <= 150  # 95% of always-failing candidates go within 150 requests
+    worse = [simulate(0.9, 0.6, cfg, 5000, rng, every=5) for _ in range(60)]
+    assert all(d == "rollback" for d, _ in worse) and sorted(n for _, n in worse)[56] <= 1200
+    healthy = [simulate(0.9, 0.9, cfg, 15000, rng, every=10) for _ in range(20)]
+    assert sum(d == "rollback" for d, _ in healthy) <= 1  # alpha bounds it at 5%; the mixture is conservative
+    assert sum(d == "promote" for d, _ in healthy) >= 18
+    assert sorted(n for _, n in healthy)[10] <= 8000  # median requests to promotion
+
+
+def test_a_bad_canary_configuration_is_named():
+    with pytest.raises(AssayError, match="--share 1.5"):
+        CanaryConfig(share=1.5)
+    with pytest.raises(AssayError, match="--alpha"):
+        CanaryConfig(alpha=0)
+
+
+def question(k: int) -> list[dict]:
+    a, b = k % 80, 7 * (k % 80) % 50  # the tasks the fixture's policy learnt
+    return [{"role": "system", "content": "Use the calc tool."}, {"role": "user", "content": f"What is {a}+{b}?"}]
+
+
+def verdict(body: dict) -> bool:
+    """The client's own check: the answer is one well-formed calc call (the tiny policy learnt the call's form,
+    not the arithmetic; the untrained one never makes it)."""
+    calls = body["choices"][0]["message"].get("tool_calls") or []
+    return (len(calls) == 1 and calls[0]["function"]["name"] == "calc"
+            and isinstance(json.loads(calls[0]["function"]["arguments"]).get("expression"), str))
+
+
+@pytest.fixture
+def deploy(policy, tok):
+    """deploy(candidate_model, **config) -> (server, deployment, candidate_state); closed after the test."""
+    opened = []
+
+    def start(candidate, record=None, **cfg):
+        stable = build_state(policy, tok, MODEL, STANDARD, ServeOptions(), SMALL_ENGINE, policy_name="stable")
+        cand = build_state(candidate, tok, MODEL, STANDARD, ServeOptions(), SMALL_ENGINE, version=2,
+                           policy_name="candidate")
+        d = canary(stable, cand, CanaryConfig(**cfg), record)
+        opened.append((start_server(stable), cand))
+        return opened[-1][0], d, cand
+
+    yield start
+    for server, cand in opened:
+        server.close()
+        cand.batcher.stop()
+
+
+def drive(url: str, d, limit: int, first: int = 0) -> list[tuple[int, bool]]:
+    """Requests from distinct sessions with the client's verdict fed back, until the test decides (or `limit`);
+    the (version, verdict) of each."""
+
+    def one(k: int) -> tuple[int, bool]:
+        messages = question(k)
+        with httpx.Client(base_url=url, timeout=60) as c:
+            r = c.post("/v1/chat/completions", headers={"X-Session-Id": f"user-{k}"}, json={
+                "model": MODEL, "messages": messages, "tools": TOOLS, "temperature": 0, "max_tokens": 32})
+            assert r.status_code == 200, r.text
+            ok = verdict(r.json())
+            f = c.post("/v1/feedback", json={"id": r.json()["id"], "success": ok})
+            assert f.status_code == 200, f.text
+            return int(r.headers["x-assay-version"]), ok
+
+    out: list[tuple[int, bool]] = []
+    with ThreadPoolExecutor(4) as pool:
+        k = first
+        while d.decision == "continue" and k < first + limit:
+            out += pool.map(one, range(k, k + 8))
+            k += 8
+    return out
+
+
+def test_a_broken_candidate_is_rolled_back_automatically(deploy, babbler, tmp_path):
+    server, d, _ = deploy(babbler, record=tmp_path / "deployment.json", share=0.5, margin=0.3, min_feedback=10)
+    served = drive(server.url, d, limit=200)
+    stable_rate = sum(ok for v, ok in served if v == 1) / max(1, sum(v == 1 for v, _ in served))
+    assert stable_rate >= 0.8 and not any(ok for v, ok in served if v == 2)
+    assert d.decision == "rollback" and d.current == 1 and d.candidate is None
+    rollback = d.history[-1]
+    assert rollback["event"] == "rollback" and rollback["requests"] <= 64, d.history  # within 64 requests
+    assert rollback["interval"][1] < 0
+    # the pointer is flipped: every session, the candidate's included, is answered by version 1 now
+    assert set(_versions(server.url, range(100, 116))) == {1}
+    record = json.loads((tmp_path / "deployment.json").read_text())
+    assert record["current"] == 1 and [v["hash"] for v in record["versions"]] == [s.version.hash for s in
+                                                                                  d.states.values()]
+    assert record["versions"][0]["hash"] != record["versions"][1]["hash"]
+    assert record["versions"][1]["verdicts"] >= 1 and record["versions"][1]["mean_latency_s"] > 0
+
+
+def _versions(url: str, keys, model: str = MODEL) -> list[int]:
+    with httpx.Client(base_url=url, timeout=60) as c:
+        return [int(c.post("/v1/chat/completions", headers={"X-Session-Id": f"user-{k}"}, json={
+            "model": model, "messages": question(k), "max_tokens": 4, "temperature": 0}).headers["x-assay-version"])
+            for k in keys]
+
+
+def test_a_healthy_candidate_is_promoted_and_a_rollback_is_a_pointer_flip(deploy, policy, tmp_path):
+    server, d, cand = deploy(copy.deepcopy(policy), share=0.5, margin=0.5, min_feedback=10)
+    assert cand.version.hash == d.states[1].version.hash  # the same weights: a healthy candidate
+    served = drive(server.url, d, limit=200)
+    assert d.decision == "promote" and d.current == 2, d.status()
+    promoted = d.history[-1]
+    assert promoted["event"] == "promote" and promoted["requests"] <= 200 and promoted["interval"][0] > -0.5
+    assert _versions(server.url, range(300, 306)) == [2] * 6
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        flipped = c.post("/v1/deployment/rollback").json()
+        assert flipped["current"] == 1 and flipped["history"][-1]["event"] == "flip"
+        status = c.get("/v1/deployment").json()
+        assert [v["number"] for v in status["versions"]] == [1, 2]
+        assert status["versions"][1]["requests"] == sum(v == 2 for v, _ in served) + 6
+    assert _versions(server.url, range(300, 306)) == [1] * 6
+
+
+def test_sessions_are_sticky_and_bad_feedback_is_refused(deploy, policy):
+    server, d, _ = deploy(copy.deepcopy(policy), share=0.3)
+    keys = [k for k in range(40) if bucket(f"user-{k}") < 0.3][:3] + [k for k in range(40)
+                                                                      if bucket(f"user-{k}") >= 0.3][:3]
+    first = _versions(server.url, keys)
+    assert first == [2, 2, 2, 1, 1, 1] and _versions(server.url, keys) == first
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert c.post("/v1/feedback", json={"id": "chatcmpl-nope", "success": True}).status_code == 404
+        bad = c.post("/v1/feedback", json={"id": "x", "success": "yes"})
+        assert bad.status_code == 400 and "success" in bad.json()["error"]["message"]
+        assert c.post("/v1/feedback", content=b"{").status_code == 400
+
+
+def test_assay_serve_with_a_canary_keeps_both_versions_with_their_hashes(policy, babbler, tok, tmp_path):
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from assay.core.modeling import save_model
+    from assay.serve.session_log import read_sessions
+    from assay.serve.sessions import weights_hash
+
+    save_model(policy, tok, tmp_path / "stable")
+    save_model(babbler, tok, tmp_path / "candidate")
+    proc = subprocess.Popen([sys.executable, "-m", "assay.cli", "serve", str(tmp_path / "stable"), "--port", "0",
+                             "--canary", str(tmp_path / "candidate"), "--share", "0.5", "--deployment",
+                             str(tmp_path / "deployment.json"), "--log", str(tmp_path / "log")],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    output = []
+    try:
+        url, deadline = None, time.monotonic() + 240
+        while url is None:
+            line = proc.stdout.readline()
+            output.append(line)
+            assert (line or proc.poll() is None) and time.monotonic() < deadline, "".join(output)
+            if m := re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line):
+                url = m.group(1)
+        versions = _versions(url, range(12), str(tmp_path / "stable"))
+        assert set(versions) == {1, 2}
+        status = httpx.get(f"{url}/v1/deployment", timeout=30).json()
+        assert [(v["number"], v["hash"]) for v in status["versions"]] == [(1, weights_hash(policy)),
+                                                                         (2, weights_hash(babbler))]
+        assert status["current"] == 1 and status["candidate"] == 2 and status["config"]["share"] == 0.5
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output.append(proc.communicate(timeout=60)[0])
+    assert proc.returncode == 0, "".join(output)
+    assert "canary: version 2" in "".join(output)
+    assert json.loads((tmp_path / "deployment.json").read_text())["versions"][1]["hash"] == weights_hash(babbler)
+    assert [t.policy_version for t in read_sessions(str(tmp_path / "log"))] == versions
