@@ -6,8 +6,9 @@ program is graded; `terminal`: shell commands change a workspace that is then ve
 often it may pass by chance (a guess can coincide with the answer; a program that never computes
 anything may not pass at all), and which class of loophole it attacks (`CLASSES`: the verifier's
 parser, its trust, the tools' contracts (arguments and order), the tests' strength, other tasks'
-identifiers, state across calls, episodes and tasks; see `loopholes.py`). Every exploit ever found belongs here, generalised to its class: it then guards
-every environment of its kind, in every future version.
+identifiers, state across calls, episodes and tasks; see `loopholes.py`). Every exploit ever found
+belongs here, generalised to its class: it then guards every environment of its kind, in every
+future version.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from assay.core.types import Message, Task, ToolCall
+from assay.core.types import Message, Task, ToolCall, ToolSpec
 from assay.envs.base import Environment, hooks
 from assay.envs.qa import loopholes as lh
 from assay.envs.qa.play import Replay
@@ -386,7 +387,7 @@ def _answer_or_first_number(texts: list[str]) -> str | None:
     return lh.answer_in(texts) or lh.first_number(texts)
 
 
-def _reversed(tools: list) -> list:
+def _reversed(tools: list[ToolSpec]) -> list[ToolSpec]:
     return tools[::-1]
 
 
