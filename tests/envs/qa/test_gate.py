@@ -12,20 +12,26 @@ from broken_envs import (
     AcceptsAnything,
     AnswerAsPattern,
     AnswerContainedInExpected,
+    CachesPassingReplies,
     ChecksInTheWorkspace,
+    ConfirmsAnEmptyList,
     DebugFlag,
     DeclaresNoSecrets,
     ExamplesAreTheTests,
     FailsUnderLoad,
     ForgivesRepeatedFailures,
+    GradesTheNamedProblem,
     HiddenTestsInTheWorkspace,
     LeaksTheAnswer,
     NanWithinTolerance,
     NegativeIndex,
     Nondeterministic,
     RarelyFlaky,
+    RegradesTheLastSubmit,
+    RoutesAnswersByTheirProblem,
     RunsTheWorkspaceTests,
     SharedScratchpad,
+    SolutionAfterGivingUp,
     SortedTestInputs,
     TrustsTheTestSummary,
     TrustsTheTranscript,
@@ -369,6 +375,16 @@ LOOPHOLES = [  # (environment, the strategy meant for its class, the class)
     (NegativeIndex, "arguments out of range", "tools"),
     (SharedScratchpad, "read the tools after a solve", "state"),
     (ForgivesRepeatedFailures, "the same wrong answer, again", "state"),
+    (RegradesTheLastSubmit, "tools out of order, submitting first", "tools"),  # submit twice: the last counts
+    (ConfirmsAnEmptyList, "arguments at the schema's edges", "tools"),  # "" is a list of no wrong spellings
+    (GradesTheNamedProblem, "another task's solve, naming it", "ids"),
+    (CachesPassingReplies, "another task's answer, after it was solved", "state"),  # across tasks
+]
+# Planted after the strategies were written, not designed against. RoutesAnswersByTheirProblem passed the gate at
+# first (the strategy named the other task only in tool arguments); naming it in the reply too now catches it.
+UNSEEN = [
+    (RoutesAnswersByTheirProblem, "another task's solve, naming it", "ids"),
+    (SolutionAfterGivingUp, "tools out of order, each twice", "tools"),
 ]
 CODE_LOOPHOLES = [  # and an honest wrong program (None: another task's reference)
     (SortedTestInputs, "return the argument", "tests", "```python\ndef f(xs):\n    return xs[::-1]\n```"),
@@ -413,6 +429,11 @@ def test_a_loophole_of_each_class_is_caught_by_its_strategy(env_cls, name, klass
     check_loophole(env_cls(), name, klass, SMALL)
 
 
+@pytest.mark.parametrize(("env_cls", "name", "klass"), UNSEEN, ids=[e[0].__name__ for e in UNSEEN])
+def test_a_loophole_the_strategies_were_not_written_for_is_caught(env_cls, name, klass):
+    check_loophole(env_cls(), name, klass, SMALL)
+
+
 @pytest.mark.parametrize(("env_cls", "name", "klass", "wrong"), CODE_LOOPHOLES,
                          ids=[e[0].__name__ for e in CODE_LOOPHOLES])
 def test_a_code_loophole_is_caught_by_its_strategy(isolated, env_cls, name, klass, wrong):
@@ -442,14 +463,20 @@ def test_cheaters_read_only_what_a_policy_sees():
 
         get = __getitem__
 
-    for env in (get_env("arith"), get_env("toolcalc"), get_env("codegen"), DebugFlag(), NegativeIndex()):
-        task = get_task(env, 2, 0)
+    from assay.envs.qa.loopholes import Sibling
+
+    for env in (get_env("arith"), get_env("toolcalc"), get_env("codegen"), DebugFlag(), NegativeIndex(),
+                GradesTheNamedProblem()):
+        task, other = get_task(env, 2, 0), get_task(env, 2, 1)
         sealed = replace(task, payload=Sealed())
+        known = tuple(m for m in env.reference_solution(other) if m.role == "assistant")  # what training showed
         for cheater in CHEATERS:
-            first = cheater.act(sealed, list(sealed.prompt))
-            assert first == cheater.act(task, list(task.prompt)), cheater.name
+            policy, sealed_policy = cheater.given(Sibling(other, known)), cheater.given(
+                Sibling(replace(other, payload=Sealed()), known))
+            first = sealed_policy.act(sealed, list(sealed.prompt))
+            assert first == policy.act(task, list(task.prompt)), cheater.name
             later = [*sealed.prompt, first, *(Message("tool", "error: no", name=c.name) for c in first.tool_calls)]
-            cheater.act(sealed, later)
+            sealed_policy.act(sealed, later)
 
 
 def test_the_loophole_helpers():
@@ -493,3 +520,69 @@ def test_a_cheater_that_gets_an_infrastructure_failure_instead_of_a_reward_is_sa
     assert not report.failures and report.cheaters[huge.name]["infra"] == 8
     assert any("'a huge number'" in w and "infrastructure failure, not a reward, on 8 of 8 tasks" in w
                for w in report.warnings), report.warnings
+
+
+def test_the_order_edge_and_identifier_helpers():
+    from broken_envs import CHECK, SUBMIT_FOR
+
+    from assay.core.types import Message
+    from assay.envs.qa import loopholes as lh
+
+    env = GradesTheNamedProblem()
+    task, other = get_task(env, 1, 0), get_task(env, 1, 1)
+    assert lh.identifiers(task) == [task.payload["id"]] and lh.identifiers(other) == [other.payload["id"]]
+    assert lh.identifiers(get_task(get_env("arith"), 2, 0)) == []  # operands are the task, not its name
+    assert "4821" in lh.identifiers(replace_prompt(task, "Ticket #4821: sum the rows."))
+    known = lh.Sibling(other, tuple(m for m in env.reference_solution(other) if m.role == "assistant"))
+    named = lh.naming_sibling(known)(task, list(task.prompt))
+    assert named.tool_calls[0].arguments == {"answer": str(other.payload["answer"]), "problem": other.payload["id"]}
+    final = lh.naming_sibling(known)(task, [*task.prompt, named, Message("tool", "submitted", name="submit")])
+    assert final.content.startswith(other.payload["id"] + "\n")
+    assert lh.renamed({"p": ["P-1", 7, "see P-1x"]}, {"P-1": "P-2", "7": "8"}) == {"p": ["P-2", 8, "see P-1x"]}
+    # every value the schema admits at its edges, bounds as floats too; the odd result out is called again
+    edges = lh.schema_edges({"type": "integer", "minimum": 1})
+    assert {0, -1, 10**100, 1} <= set(edges) and any(isinstance(v, float) for v in edges)
+    assert "" in lh.schema_edges({"type": "string"}) and lh.schema_edges({"enum": ["a", "b"]}) == ["a", "b"]
+    planned = [("confirm", {"answer": v}) for v in ("", "a", "b", "c")]
+    assert lh.odd_ones(planned, ["confirmed", "no: a", "no: b", "no: c"]) == [("confirm", {"answer": ""})]
+    # order: every tool twice, reversed (the submitting tool first), then again with the value the results named
+    order = lh.in_order(lambda tools: tools[::-1])
+    task2 = replace_tools(task, [SUBMIT_FOR, CHECK])
+    first = order(task2, list(task2.prompt))
+    assert [c.name for c in first.tool_calls] == ["check", "check", "submit", "submit"]
+    history = [*task2.prompt, first, *(Message("tool", "wrong: the expected answer was 42", name=c.name)
+                                      for c in first.tool_calls)]
+    second = order(task2, history)
+    assert [(c.name, c.arguments["answer"]) for c in second.tool_calls] == [("submit", "42"), ("check", "42")]
+
+
+def replace_prompt(task, text):
+    from dataclasses import replace
+
+    from assay.core.types import Message
+
+    return replace(task, prompt=[Message("user", text)])
+
+
+def replace_tools(task, tools):
+    from dataclasses import replace
+
+    return replace(task, tools=tools)
+
+
+def test_a_cheater_that_knows_another_task_is_given_the_next_one_and_skipped_alone():
+    """The cheaters that know another task play from the next task of the level; a level of one distinct task
+    gives them nothing to know, and they are not counted as tried there."""
+    from assay.envs.qa.gate import CheatTally, _try_cheaters
+    from assay.envs.qa.strategies import CHEATERS
+
+    env = CachesPassingReplies()
+    knowing = [c for c in CHEATERS if c.needs_sibling and "answer" in c.kinds]
+    task, other = get_task(env, 1, 0), get_task(env, 1, 1)
+    counts = {c.name: CheatTally() for c in knowing}
+    failures = []
+    _try_cheaters(env, task, knowing, counts, QAConfig(), lambda g, r: failures.append(r), [], None)
+    assert all(t.tried == 0 for t in counts.values()) and not failures
+    _try_cheaters(env, task, knowing, counts, QAConfig(), lambda g, r: failures.append(r), [], other)
+    assert all(t.tried == 1 for t in counts.values())
+    assert counts["another task's answer, after it was solved"].passed == 1  # other's reply, cached as a pass

@@ -7,8 +7,9 @@
                passes no more often than chance
 3. cheaters    every cheater of the environment's kind fails (one that may pass by chance: not
                significantly more often than its tolerance); cheaters attack classes of loophole
-               (the verifier's parser and trust, the tools' contracts, the tests' strength, state
-               across episodes), and a failure names the one that won, its class and tolerance
+               (the verifier's parser and trust, the tools' contracts by argument and order, the
+               tests' strength, other tasks' identifiers, state across calls, episodes and tasks),
+               and a failure names the one that won, its class and tolerance
 4. determinism the same trajectory gets the same reward in fresh episodes (fresh sandboxes)
 5. no leak     no hidden value (the env's `secrets(task)`, else the reference's answer lines) appears in
                the prompt, in any observation (the reference's or a cheater's), or anywhere the policy
@@ -35,6 +36,7 @@ from typing import Any
 
 from assay.core.types import OK, Reward, Task
 from assay.envs.base import Environment, hooks
+from assay.envs.qa.loopholes import Sibling
 from assay.envs.qa.play import Played, Strategy, play, reference_policy
 from assay.envs.qa.strategies import (
     NULL_POLICIES,
@@ -67,7 +69,11 @@ GATES = ("reference", "null", "cheaters", "determinism", "no leak", "calibration
 #    failure naming the class and tolerance of the strategy that won; state cheaters play after a solve and
 #    retry in fresh episodes; a cheater's infrastructure failures and a no-work program's passes within
 #    tolerance are warnings.
-GATE_VERSION = 5
+# 6: tools called out of order (a submitting or grading tool first, each twice, all again after the others) and
+#    at their schema's edges; other tasks' identifiers (another task's solve naming it, or under this task's
+#    ids); state across tasks (another task's answer, or no work, right after that task was solved) and a
+#    wrong answer after a solve of the same task for every kind.
+GATE_VERSION = 6
 # Significance of the chance tests (a cheater's pass rate against its tolerance, the bare answer value
 # against another task's): a built-in environment runs about ten of them per check, so a correct
 # environment fails one by chance about once in a hundred checks.
@@ -250,8 +256,8 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
             others = others if report.kind == "answer" else others[:report.power["others per task"]]
             noisy[level].append(_check_task(env, task, others, cfg, noise, stats, fail,
                                             hidden, isolated, idle, random_answers[level]))
-            if i < cheat_tasks:
-                _try_cheaters(env, task, cheaters, cheat_counts, cfg, fail, hidden)
+            if i < cheat_tasks:  # the task after this one in the level is the other task cheaters may know
+                _try_cheaters(env, task, cheaters, cheat_counts, cfg, fail, hidden, others[0] if others else None)
         report.levels[level] = {k: v / len(level_tasks) for k, v in stats.items()}
         tally = random_answers[level]
         report.levels[level]["random well-formed"] = tally.passed / tally.tried if tally.tried else 0.0
@@ -405,13 +411,23 @@ def _searched_reference(env: Environment, task: Task, cfg: QAConfig, fail: Calla
 
 
 def _try_cheaters(env: Environment, task: Task, cheaters: list[Scripted], counts: dict[str, CheatTally],
-                  cfg: QAConfig, fail: Callable[[str, str], None], hidden: list[str]) -> None:
+                  cfg: QAConfig, fail: Callable[[str, str], None], hidden: list[str], other: Task | None) -> None:
+    """Each cheater on `task`; `other` is another task of the level, which a cheater may know (its prompt and
+    reference, as a policy trained on it knows them) and which the gate may solve first."""
     for cheater in cheaters:
+        policy = cheater
+        if cheater.needs_sibling:
+            if other is None:  # a level of one distinct task: nothing to know
+                continue
+            policy = cheater.given(Sibling(other, tuple(m for m in env.reference_solution(other)
+                                                         if m.role == "assistant")))
+        if cheater.after_sibling:  # another task solved just before, on the same environment object
+            play(env, other, reference_policy(env, other), cfg.max_turns)
         if cheater.after_reference:  # a sibling episode that solved the task, on the same environment object
             play(env, task, reference_policy(env, task), cfg.max_turns)
-        runs = [play(env, task, cheater, cfg.max_turns)]
+        runs = [play(env, task, policy, cfg.max_turns)]
         while len(runs) < cheater.attempts and not _won(runs[-1]):  # the same policy again, in a fresh episode
-            runs.append(play(env, task, cheater, cfg.max_turns))
+            runs.append(play(env, task, policy, cfg.max_turns))
         got = runs[-1]
         c = counts[cheater.name]
         c.tried += 1

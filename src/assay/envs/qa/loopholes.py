@@ -10,9 +10,14 @@ payload or code, so a strategy that wins found a loophole any policy could find:
 - trust: a verdict claimed in the reply, or a tool's own verdict written back reversed, for a verifier
   that believes what it reads instead of checking; a forged test-runner summary for code;
 - tools' contracts: every argument a schema admits (flags set, indices out of range, paths that climb
-  out) and calls in numbers no honest policy makes (every candidate through a checking tool);
+  out, each property at its type's edges: empty and huge strings, huge and negative numbers, 1.0 for an
+  integer), calls in numbers no honest policy makes (every candidate through a checking tool) and in
+  orders it does not (a submitting or grading tool first, each tool twice, every tool after the others);
+- other tasks' identifiers: another task's solve (what a policy trained on it knows), replayed naming
+  that task in every argument its calls leave open, or with its identifiers swapped for this task's;
 - tests' strength: programs that do no work (the argument back, the visible examples special-cased);
-- state: the same wrong answer again and again, and the tools read after a sibling episode solved the task.
+- state: the same wrong answer again and again, the tools read after a sibling episode solved the task,
+  and, across tasks, another task's answer or no work at all right after that task was solved.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from assay.core.types import Message, Task, ToolCall, ToolSpec
@@ -309,3 +315,202 @@ def special_cased(task: Task, history: list[Message]) -> Message:
     table = repr([[args, value] for args, value in shown_examples(task)])
     return say(f"```python\n_SHOWN = {table}\ndef f(*args):\n    for given, value in _SHOWN:\n"
                f"        if list(args) == given:\n            return value\n    return None\n```")
+
+
+# -- tools' contracts: order of calls ------------------------------------------------------------------------
+
+def with_value(prop: dict[str, Any], value: str | None) -> Any:
+    """`value` in the type a property takes (its plainest value where it cannot)."""
+    kind = prop.get("type")
+    if value is None or "enum" in prop:
+        return harmless("", prop)
+    if kind == "string":
+        return value
+    if kind in ("integer", "number") and _NUMBER.fullmatch(value):
+        return int(float(value)) if kind == "integer" else float(value)
+    return harmless("", prop)
+
+
+def named(texts: list[str]) -> str | None:
+    """The value the results name as the answer, else the last number they show."""
+    return answer_in(texts) or last_number(texts)
+
+
+def in_order(order: Callable[[list[ToolSpec]], list[ToolSpec]], times: int = 2) -> Respond:
+    """Turn 1: every tool in `order`, each `times` in a row with its plainest arguments (a submitting or
+    grading tool before any work, a tool called twice); turn 2: every tool again in the opposite order,
+    its string and number arguments set to the value the results named (a tool after a submit, a second
+    submit once the first showed the answer); then `Answer:` that value. A tool that ends the episode ends
+    the attempt there: the verdict of that order is what counts."""
+    def respond(task: Task, history: list[Message]) -> Message:
+        tools, step, results = order(non_bash(task)), turn(task, history), seen(task, history)
+        if step == 0 and tools:
+            return calls([(t.name, fill(t, harmless)) for t in tools for _ in range(times)])
+        if step == 1 and tools:
+            value = named(results)
+            return calls([(t.name, fill(t, lambda n, p: with_value(p, value))) for t in reversed(tools)])
+        return say(f"Answer: {named(results) or '?'}")
+    return respond
+
+
+# -- tools' contracts: every value a schema admits ------------------------------------------------------------
+
+EDGE_INTS: tuple[Any, ...] = (0, -1, 2**31, 2**63 - 1, -(2**63), 10**100, 1.0)  # 1.0: an integer to JSON Schema
+EDGE_NUMBERS: tuple[Any, ...] = (0.0, -0.0, 1e308, -1e308, 5e-324, float("inf"), float("-inf"), float("nan"))
+EDGE_STRINGS: tuple[Any, ...] = ("", " ", ",", "\x00", "x" * 100_000, "0" * 400, ".", "..", "/", "~", "\\", "%s",
+                                 "{}", "[]", "null", "None", "true", "NaN", "-0", "\u202e")
+
+
+def schema_edges(prop: dict[str, Any]) -> list[Any]:
+    """The values at the edges of what a property's schema admits: every enum member; for numbers zero,
+    negatives, huge values, the schema's own bounds (an integer bound also as a float); for strings the
+    empty string, blanks, separators, NUL, a huge one, path and format characters, the stated lengths;
+    both booleans; an empty and a huge array. Values the schema rejects are left to its validator."""
+    if "enum" in prop:
+        return list(prop["enum"])
+    kind = prop.get("type")
+    bounds = [prop[k] for k in ("minimum", "maximum") if isinstance(prop.get(k), (int, float))]
+    if kind == "integer":
+        return [*EDGE_INTS, *bounds, *(float(b) for b in bounds)]
+    if kind == "number":
+        return [*EDGE_NUMBERS, *bounds]
+    if kind == "string":
+        lengths = [prop[k] for k in ("minLength", "maxLength") if isinstance(prop.get(k), int)]
+        return [*EDGE_STRINGS, *("x" * n for n in lengths)]
+    if kind == "boolean":
+        return [True, False]
+    if kind == "array":
+        item = harmless("", prop.get("items", {})) if isinstance(prop.get("items"), dict) else "0"
+        return [[], [item] * 10_000]
+    if kind == "object":
+        return [{}]
+    return []
+
+
+def at_the_edges(task: Task) -> list[tuple[str, dict[str, Any]]]:
+    """Each tool once per property and edge value (the other properties at their plainest)."""
+    return [(t.name, {**fill(t, harmless), name: v}) for t in non_bash(task)
+            for name, prop in properties(t).items() for v in schema_edges(prop)]
+
+
+def odd_ones(planned: list[tuple[str, dict[str, Any]]], results: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The calls whose result differs in shape from what most calls of the same tool returned (each call's
+    own argument values blanked out): the edge value a tool treats differently."""
+    def shape(args: dict[str, Any], text: str) -> str:
+        for v in args.values():
+            for form in {str(v), repr(v)} - {""}:
+                text = text.replace(form, "#")
+        return text
+    shapes = [(call, shape(call[1], text)) for call, text in zip(planned, results, strict=False)]
+    common = {name: Counter(s for (n, _), s in shapes if n == name).most_common(2) for name, _ in planned}
+    return [call for call, s in shapes
+            if len(common[call[0]]) > 1 and common[call[0]][0][1] > 1 and s != common[call[0]][0][0]][:20]
+
+
+def edges_then_odd(task: Task, history: list[Message]) -> Message:
+    """Turn 1: every tool at its schema's edges; turn 2: the calls whose result stood out, again (last, so
+    what they did is what stays); then `Answer:` a value a result names."""
+    planned, step, results = at_the_edges(task), turn(task, history), seen(task, history)
+    if step == 0 and planned:
+        return calls(planned)
+    if step == 1 and (odd := odd_ones(planned, results)):
+        return calls(odd)
+    return say(f"Answer: {answer_in(results) or first_number(results) or '?'}")
+
+
+# -- other tasks' identifiers ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sibling:
+    """Another task of the same environment and level as a policy trained on it knows it: its prompt and
+    the turns that solved it (never its payload)."""
+
+    task: Task
+    turns: tuple[Message, ...]
+
+
+KnowingRespond = Callable[[Sibling], Respond]
+
+# Tokens that name a task rather than state it: letters and digits together (P-4821, case_17, 3f9a2c),
+# four digits or more, or a number after id/seed/#/task/problem/case/ticket/no.
+_ID = re.compile(r"(?<![\w-])(?:[A-Za-z_][\w-]*\d[\w-]*|\d[\w-]*[A-Za-z_][\w-]*|\d{4,})(?![\w-])")
+_NAMED_ID = re.compile(r"(?:\b(?:id|seed|task|problem|case|ticket|no)\b\.?|#)\s*[:=]?\s*(\d+)\b", re.I)
+
+
+def identifiers(task: Task) -> list[str]:
+    """The prompt's identifiers, in order, once each."""
+    text = prompt_text(task)
+    return list(dict.fromkeys([*_ID.findall(text), *_NAMED_ID.findall(text)]))
+
+
+def replayed(known: Sibling, task: Task, history: list[Message]) -> Message:
+    """The sibling's solving turn for this point of the conversation (its last turn once they run out)."""
+    turns = known.turns
+    return turns[min(turn(task, history), len(turns) - 1)] if turns else say("")
+
+
+def unknown(task: Task, history: list[Message]) -> Message:
+    """What a cheater that needs another task says where the level has no other task."""
+    return say("Answer: ?")
+
+
+def sibling_solve(known: Sibling) -> Respond:
+    """Another task's solve, played on this task as it is."""
+    return lambda task, history: replayed(known, task, history)
+
+
+def naming_sibling(known: Sibling) -> Respond:
+    """Another task's solve, with every argument its calls leave out (an optional `problem`, `id`, `seed`)
+    set to that task's identifier, and its final reply opened with a line naming that task: for a tool or
+    verifier that grades the task the policy names."""
+    ids = identifiers(known.task)
+    numbers = [i for i in ids if i.isdigit()] or [re.sub(r"\D", "", i) for i in ids if re.search(r"\d", i)]
+
+    def open_value(prop: dict[str, Any]) -> Any:
+        kind = prop.get("type")
+        if kind == "string" and "enum" not in prop and ids:
+            return ids[0]
+        if kind == "integer" and numbers:
+            return int(numbers[0])
+        return None
+
+    def respond(task: Task, history: list[Message]) -> Message:
+        msg = replayed(known, task, history)
+        specs = {t.name: t for t in task.tools}
+        out = []
+        for c in msg.tool_calls:
+            props = properties(specs[c.name]) if c.name in specs else {}
+            extra = {n: v for n, p in props.items() if n not in c.arguments and (v := open_value(p)) is not None}
+            out.append(replace(c, arguments={**c.arguments, **extra}))
+        if not out and ids:  # a final reply: it names the task on a line of its own
+            return Message(msg.role, f"{ids[0]}\n{msg.content}")
+        return Message(msg.role, msg.content, out) if out else msg
+    return respond
+
+
+def renamed(value: Any, mapping: dict[str, str]) -> Any:
+    """`value` (text, a number, a list or dict of them) with each identifier of `mapping` replaced."""
+    if isinstance(value, str) and mapping:
+        pattern = "|".join(re.escape(k) for k in sorted(mapping, key=len, reverse=True))
+        return re.sub(rf"(?<![\w-])(?:{pattern})(?![\w-])", lambda m: mapping[m.group(0)], value)
+    if isinstance(value, int) and not isinstance(value, bool) and str(value) in mapping:
+        new = mapping[str(value)]
+        return int(new) if new.isdigit() else new
+    if isinstance(value, list):
+        return [renamed(v, mapping) for v in value]
+    if isinstance(value, dict):
+        return {k: renamed(v, mapping) for k, v in value.items()}
+    return value
+
+
+def as_this_task(known: Sibling) -> Respond:
+    """Another task's solve with its identifiers swapped for this task's (the k-th for the k-th): for a
+    verifier that checks the id names this episode's task but takes an answer any task has."""
+    theirs = identifiers(known.task)
+
+    def respond(task: Task, history: list[Message]) -> Message:
+        mapping = {a: b for a, b in zip(theirs, identifiers(task), strict=False) if a != b}
+        msg = replayed(known, task, history)
+        return Message(msg.role, renamed(msg.content, mapping),
+                       [replace(c, arguments=renamed(c.arguments, mapping)) for c in msg.tool_calls])
+    return respond

@@ -5,9 +5,10 @@ says which kind of environment it applies to (`answer`: a final answer is compar
 program is graded; `terminal`: shell commands change a workspace that is then verified), and how
 often it may pass by chance (a guess can coincide with the answer; a program that never computes
 anything may not pass at all), and which class of loophole it attacks (`CLASSES`: the verifier's
-parser, its trust, the tools' contracts, the tests' strength, state across episodes; see
-`loopholes.py`). Every exploit ever found belongs here, generalised to its class: it then guards
-every environment of its kind, in every future version.
+parser, its trust, the tools' contracts (arguments and order), the tests' strength, other tasks'
+identifiers, state across calls, episodes and tasks; see `loopholes.py`). Every exploit ever found
+belongs here, generalised to its class: it then guards every environment of its kind, in every
+future version.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from assay.core.types import Message, Task, ToolCall
+from assay.core.types import Message, Task, ToolCall, ToolSpec
 from assay.envs.base import Environment, hooks
 from assay.envs.qa import loopholes as lh
 from assay.envs.qa.play import Replay
@@ -63,7 +64,7 @@ def kind_problem(env: Environment, task: Task | None) -> tuple[str | None, str |
 
 # The classes of loophole a cheater attacks (issue 44), besides the older "leak" (reading what should be
 # hidden) and "resources" (hanging or exhausting memory, hoping a limit counts as a pass).
-CLASSES = ("parser", "trust", "tools", "tests", "state", "leak", "resources")
+CLASSES = ("parser", "trust", "tools", "tests", "ids", "state", "leak", "resources")
 
 
 @dataclass
@@ -80,9 +81,20 @@ class Scripted:
     # state: the gate first plays the reference on the same task (a sibling episode that solved it) ...
     after_reference: bool = False
     attempts: int = 1  # ... and plays this policy up to this many times in fresh episodes: a win is any pass
+    # other tasks: the policy knows another task of the level (its prompt and solve), and plays from it ...
+    knowing: lh.KnowingRespond | None = None
+    after_sibling: bool = False  # ... and/or the gate first solves that other task, on the same environment object
 
     def act(self, task: Task, history: list[Message]) -> Message:
         return self.respond(task, history)
+
+    @property
+    def needs_sibling(self) -> bool:
+        return self.knowing is not None or self.after_sibling
+
+    def given(self, sibling: lh.Sibling) -> Scripted:
+        """This cheater as played knowing `sibling` (itself when it plays from this task alone)."""
+        return replace(self, respond=self.knowing(sibling)) if self.knowing is not None else self
 
 
 def _say(text: str) -> Callable[[Task, list[Message]], Message]:
@@ -375,6 +387,20 @@ def _answer_or_first_number(texts: list[str]) -> str | None:
     return lh.answer_in(texts) or lh.first_number(texts)
 
 
+def _reversed(tools: list[ToolSpec]) -> list[ToolSpec]:
+    return tools[::-1]
+
+
+_ORDER_FIRST = ("calls every tool but bash in reverse schema order (a submitting or grading tool first, before any "
+                "work), each twice, then all again in order with the value the results named, and answers with it")
+_ORDER_TWICE = ("calls every tool but bash in schema order, each twice, then all again in reverse with the value the "
+                "results named (a tool after a submit, a second submit), and answers with it")
+_EDGES = ("calls every tool once per property at its schema's edges (empty, blank, huge and NUL strings, separators, "
+          "path and format characters, huge and negative numbers, 1.0 for an integer, NaN, the stated bounds, every "
+          "enum member, empty and huge arrays), calls again those whose result stood out, and answers with a value "
+          "a result names")
+
+
 CHEATERS = [
     # a program is graded
     Scripted("return the example's output", _example_output, ("code",), klass="tests",
@@ -454,6 +480,31 @@ CHEATERS = [
     Scripted("enumerate through the tool", lh.enumerate_through_tool, _T, tolerance=RANDOM_ANSWER_TOLERANCE,
              klass="tools", needs_tools=True,
              about="calls a one-argument tool once per candidate and answers with the one whose result differs"),
+    Scripted("tools out of order, submitting first", lh.in_order(_reversed), _T, tolerance=RANDOM_ANSWER_TOLERANCE,
+             klass="tools", needs_tools=True, about=_ORDER_FIRST),
+    Scripted("tools out of order, each twice", lh.in_order(list), _T, tolerance=RANDOM_ANSWER_TOLERANCE,
+             klass="tools", needs_tools=True, about=_ORDER_TWICE),
+    Scripted("arguments at the schema's edges", lh.edges_then_odd, _T,
+             tolerance=RANDOM_ANSWER_TOLERANCE, klass="tools", needs_tools=True, about=_EDGES),
+    Scripted("another task's solve, naming it", lh.unknown, ("answer",), tolerance=RANDOM_ANSWER_TOLERANCE,
+             klass="ids", knowing=lh.naming_sibling,
+             about="replays another task's solve (what a policy trained on it knows) with every argument its calls "
+                   "leave open set to that task's identifier and its reply opened with that id, for a verifier "
+                   "that grades the task the policy names"),
+    Scripted("another task's solve, under this task's ids", lh.unknown, ("answer",), tolerance=RANDOM_ANSWER_TOLERANCE,
+             klass="ids", knowing=lh.as_this_task,
+             about="replays another task's solve with its identifiers swapped for this task's, for a verifier that "
+                   "checks the id but takes an answer any task has"),
+    Scripted("another task's answer, after it was solved", lh.unknown, ("answer",), tolerance=RANDOM_ANSWER_TOLERANCE,
+             klass="state", knowing=lh.sibling_solve, after_sibling=True,
+             about="right after another task was solved (same environment object), replays that solve here: a "
+                   "verdict or answer cached by something tasks share"),
+    Scripted("no work, after another task was solved", _say(f"Answer: {lh.WRONG}"), KINDS, klass="state",
+             after_sibling=True, about="right after another task was solved (same environment object), does no work: "
+                                       "a pass, counter or file one task's episode leaves for the next task's"),
+    Scripted("the same wrong answer, after a solve", _say(f"Answer: {lh.WRONG}"), ("answer", "code"), klass="state",
+             after_reference=True, about="a wrong answer right after a sibling episode solved the same task: a "
+                                         "verdict cached by the task"),
     Scripted("the same wrong answer, again", _say(f"Answer: {lh.WRONG}"), ("answer",), klass="state", attempts=5,
              about="one wrong answer in five fresh episodes, for a verdict that changes with the attempt"),
     Scripted("read the tools after a solve", lh.probe_then_answer(_probe_every_tool, _answer_or_last_number), _T,
@@ -482,6 +533,12 @@ CHEATERS = [
     Scripted("use hidden files", _use_found, ("terminal",), klass="leak",
              about="runs any script left among hidden files and writes any expected value it finds into the "
                    "answer files the task names"),
+    Scripted("tools out of order in the workspace, submitting first", lh.in_order(_reversed), ("code", "terminal"),
+             klass="tools", needs_tools=True, about=_ORDER_FIRST),
+    Scripted("tools out of order in the workspace, each twice", lh.in_order(list), ("code", "terminal"),
+             klass="tools", needs_tools=True, about=_ORDER_TWICE),
+    Scripted("arguments at the schema's edges in the workspace", lh.edges_then_odd,
+             ("code", "terminal"), klass="tools", needs_tools=True, about=_EDGES),
     Scripted("delete the workspace", _bash("rm -rf ./* ./.[!.]* 2>/dev/null; ls -la"), ("terminal",), klass="tests",
              about="removes everything, hoping nothing checked means nothing failed"),
     Scripted("time out", _bash("sleep 100000"), ("terminal",), klass="resources", about="hangs until the time limit"),
