@@ -19,6 +19,7 @@ def test_defaults_and_overrides():
 
 @pytest.mark.parametrize("override, expected", [
     ("train.stepz=3", "unknown key 'train.stepz'"),
+    ("sft.warmup=5", "sft.warmup is now sft.warmup_steps"),
     ("train.steps=abc", "train.steps"),
     ("train.steps=-1", "train.steps: Input should be greater than 0"),
     ("mixer.strategy=greedy", "mixer.strategy"),

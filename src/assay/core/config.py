@@ -253,7 +253,7 @@ class SFTConfig(_Strict):
     steps: int = Field(300, ge=0, description="SFT optimizer steps; 0: RL starts from `model.path` as it is")
     batch_size: int = Field(32, gt=0, description="Demonstrations per step")
     lr: float = Field(2e-3, gt=0, description="AdamW peak learning rate")
-    warmup: int = Field(20, ge=0, description="Linear warmup steps, then cosine decay to 0 at `steps`")
+    warmup_steps: int = Field(20, ge=0, description="Linear warmup steps, then cosine decay to 0 at `steps`")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clipping")
@@ -529,10 +529,16 @@ def _list_item(items: list[Any], key: str, where: str) -> Any:
     return items[_list_index(items, key, where)]
 
 
+# keys that were renamed, so that a config written for the old name is told the new one
+RENAMED = {"sft.warmup": "sft.warmup_steps"}  # named as train.warmup_steps is
+
+
 def _format_error(err: ValidationError) -> str:
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"]) or "config"
     if e["type"] == "extra_forbidden":
+        if loc in RENAMED:
+            return f"config: {loc} is now {RENAMED[loc]}; rename the key"
         return f"config: unknown key {loc!r}; check its spelling (see docs/configuration.md)"
     if e["type"] == "missing":
         return f"config: {loc} is required"

@@ -80,7 +80,7 @@ def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
 
     try:
         s = cfg.sft
-        sft_train(model, examples, steps=s.steps, batch_size=s.batch_size, lr=s.lr, warmup=s.warmup, seed=cfg.seed,
+        sft_train(model, examples, steps=s.steps, batch_size=s.batch_size, lr=s.lr, warmup=s.warmup_steps, seed=cfg.seed,
                   on_step=on_step, weight_decay=s.weight_decay, grad_clip=s.grad_clip, betas=s.betas,
                   micro_batch_tokens=s.micro_batch_tokens)
     finally:
