@@ -92,7 +92,7 @@ class Row:
     busy_s: float | None = None  # the machine's CPU-seconds busy during the timed part (all processes)
     steal_s: float | None = None  # CPU-seconds the hypervisor gave to other guests meanwhile
     own_s: float | None = None  # CPU-seconds of the measuring process and its children meanwhile
-    page_faults: int | None = None  # minor page faults of the measuring process meanwhile (R16)
+    page_faults: int | None = None  # minor page faults of the measuring process meanwhile
 
     @property
     def tokens_per_s(self) -> float:
@@ -276,7 +276,7 @@ def _in_process_of_its_own(backend: str, w: Workload, s: Settings, python: str) 
     if backend.startswith("vllm") and s.threads > 0:  # vLLM's own advice: its OpenMP threads bound to cores
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{s.threads - 1}")
     if backend.startswith("vllm"):  # the engine's own malloc settings (core/heap.py): on glibc's default
-        env.setdefault("GLIBC_TUNABLES", heap.GLIBC_TUNABLES)  # vLLM ran multi-turn ~20% slower (R16)
+        env.setdefault("GLIBC_TUNABLES", heap.GLIBC_TUNABLES)  # vLLM ran multi-turn slower
     proc = subprocess.run([python, "-m", "assay.bench.rollout", job], capture_output=True, text=True, env=env)
     # the row is the last stdout line that is one (vLLM may log to stdout after it)
     row = next((line for line in reversed(proc.stdout.splitlines()) if line.startswith(ROW_MARK)), None)

@@ -301,14 +301,14 @@ class RolloutConfig(_Strict):
         "copy, made when first needed); `torch` keeps `torch.mm`"))
     warm_up: bool = Field(True, description=(
         "Engine: one throwaway step of `max_batched_tokens` tokens as it starts, so that a step's memory is "
-        "allocated once and kept (docs/experiments.md R15); off saves ~1 s of start-up on a 57M-parameter model, "
+        "allocated once and kept; off saves ~1 s of start-up on a 57M-parameter model, "
         "more on a large one"))
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (the trainer recomputes log-probs at it)")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling's probability mass; 1: off")
     top_k: int = Field(0, ge=0, description="Sample among the k likeliest tokens; 0: off")
     verifiers: int = Field(16, ge=1, description=(
         "Finished episodes verified at once (threads); codegen grades the candidates waiting together in one "
-        "sandboxed run, so more threads mean larger batches (docs/experiments.md V3)"))
+        "sandboxed run, so more threads mean larger batches"))
     verifier_processes: int = Field(0, ge=0, description=(
         "Verifier processes of their own for the episodes whose verdict reads only the task and the messages "
         "(tool-less environments: codegen, arith, jsonl); a hung one is killed at the domain's `verify_timeout_s`, "

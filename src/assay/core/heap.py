@@ -2,11 +2,10 @@
 
 A forward pass allocates its activations afresh, tens of MB a prefill step. glibc's malloc hands the
 largest of them to mmap and, when freed, back to the kernel, and trims the heap's free top: the next
-step faults the same pages in again, one 4 KiB zeroed page at a time. On the development machine a
-multi-turn call took ~37,000 such faults (~145 MB), every call; kept, under a hundred, and the call
-ran 1.09x (quiet host) to 1.30x (busy host) faster with the engine's warm-up step (docs/experiments.md R15).
-A training step's activations and logits come and go the same way: the SFT and RL trainers keep them
-too (the quickstart's SFT steps ran 1.03-1.09x faster, R16)."""
+step faults the same pages in again, one 4 KiB zeroed page at a time: tens of thousands of faults a
+multi-turn call. Kept, a call takes under a hundred, and with the engine's warm-up step it runs faster,
+more so on a busy host. A training step's activations and logits come and go the same way: the SFT and
+RL trainers keep them too (docs/experiments.md has the measurements)."""
 
 from __future__ import annotations
 

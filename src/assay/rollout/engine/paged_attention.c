@@ -338,8 +338,8 @@ static void many_128(const float *q, int64_t qs, const float *k, const float *v,
  * sum of each query's scores rescale its output as keys arrive): each block's keys and values, every
  * head, are read from memory once and used while they sit in cache, and the next block this thread
  * reads (`after` past the row's last) is requested into L1 while this one is computed, so reading and
- * computing overlap (into L2 it ran 5-12% slower; 512-bit vectors, where there are, add 1-6%:
- * docs/experiments.md R16).
+ * computing overlap (requested into L2 instead it ran slower; 512-bit vectors, where there are, add a few
+ * percent).
  * q and o [Hkv, nq, DIM], lse [Hkv, nq]; scratch: 2 * Hkv * nq + nq * bs floats. */
 static inline __attribute__((always_inline)) void blocks_kernel(const int DIM, const float *q, const float *k,
                                                                 const float *v, const int64_t *table, int64_t n,
