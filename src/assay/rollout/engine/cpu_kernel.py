@@ -36,7 +36,8 @@ from assay.core.atomic import atomic_path
 log = logging.getLogger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(name)
-                 for name in ("paged_attention.c", "elementwise.c", "skinny_linear.c", "decode_step.c", "sampling.c"))
+                 for name in ("paged_attention.c", "elementwise.c", "skinny_linear.c", "int8_linear.c", "decode_step.c",
+                              "sampling.c"))
 _HEADER = Path(__file__).with_name("kernels.h")
 # -fno-math-errno: no kernel reads errno, so sqrtf and the like may compile to one instruction; unlike
 # -ffast-math it assumes nothing about infinities or NaNs
@@ -57,6 +58,9 @@ _SIGNATURES = {  # name: (argument types, result type)
     "skinny_linear_f32": ([_P, _I, _P, _P, _P, _I, _I, _I, _INT], _INT),
     "skinny_panel_f32": ([], _INT),
     "skinny_rows_f32": ([], _INT),
+    "int8_linear_f32": ([_P, _I, _P, _P, _P, _P, _I, _I, _I, _INT], _INT),
+    "int8_panel_f32": ([], _INT),
+    "int8_rows_f32": ([], _INT),
     "sample_rows_f32": ([_P, _I, _I, _P, _P, _P, _P, _INT], _INT),
     "decode_step_f32": ([_P, _I] + [_P] * 9 + [_I] * 2 + [_P] * 2 + [_I] + [_P] * 3 + [_I] * 10 + [_F, _F, _INT], _INT),
 }
@@ -289,29 +293,84 @@ def skinny_linear(x: Tensor, panels: Tensor, bias: Tensor | None, n: int) -> Ten
     return y
 
 
+# -- weight-only int8 ---------------------------------------------------------------------------------
+
+
+def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """weight [N, K] float -> (q [N, K] int8, scale [N] float32): per output feature, symmetric,
+    scale = max |w| / 127 and q = round(w / scale), so w ~ q * scale within scale / 2 per element.
+    A row of zeros gets scale 1 (its q are all 0)."""
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale.contiguous()
+
+
+def dequantize_int8(q: Tensor, scale: Tensor) -> Tensor:
+    """The float32 weight the int8 one stands for: q * scale, per output feature."""
+    return q.float() * scale[:, None]
+
+
+def int8_rows() -> int:
+    """The most rows `int8_linear` takes (0 without the C kernels)."""
+    lib = _library()
+    return lib.int8_rows_f32() if lib is not None else 0
+
+
+def pack_int8_panels(q: Tensor) -> Tensor:
+    """q [N, K] int8 -> [panels, K, P] int8, P output features side by side per row of K, zeros past N:
+    the layout `int8_linear` streams."""
+    N, K = q.shape
+    P = _library().int8_panel_f32()
+    padded = torch.zeros((-(-N // P) * P, K), dtype=torch.int8)
+    padded[:N] = q
+    return padded.view(-1, P, K).transpose(1, 2).contiguous()
+
+
+def int8_linear(x: Tensor, panels: Tensor, scale: Tensor, bias: Tensor | None, n: int) -> Tensor:
+    """x @ (q * scale).T + bias -> [M, n] token-major, for M <= `int8_rows()` rows of x [M, K] (rows may
+    be strided), on q packed by `pack_int8_panels` and its per-feature scales [n]."""
+    M, K = x.shape
+    if not (1 <= M <= int8_rows()) or x.stride(1) != 1 or panels.shape[1] != K \
+            or n > panels.shape[0] * panels.shape[2]:
+        raise ValueError(f"int8_linear: {M} rows of {K} do not fit panels {tuple(panels.shape)} for {n} features "
+                         f"(at most {int8_rows()} rows, each contiguous)")
+    if x.dtype != torch.float32 or panels.dtype != torch.int8 or not panels.is_contiguous():
+        raise ValueError("int8_linear: float32 input and contiguous int8 panels expected")
+    _check_vector("int8_linear", n, bias, scale)
+    y = torch.empty((M, n), dtype=x.dtype)
+    _library().int8_linear_f32(x.data_ptr(), x.stride(0), panels.data_ptr(), scale.data_ptr(), _ptr(bias),
+                               y.data_ptr(), M, n, K, torch.get_num_threads())
+    return y
+
+
 # -- a whole decode step of few rows -------------------------------------------------------------------
 
 
 def weight_pointers(tensors: list[Tensor | None]) -> ctypes.Array:
     """The addresses `decode_step` reads each layer's weights at (NULL for a missing bias), in its order:
     input norm, qkv panels, qkv bias, o panels, o bias, post-attention norm, gate|up panels, gate|up bias,
-    down panels, down bias. The tensors must outlive the array."""
+    down panels, down bias, then the qkv, o, gate|up and down scales (NULL: float32 panels; otherwise the
+    panels are int8). The tensors must outlive the array."""
     return (ctypes.c_void_p * len(tensors))(*(None if t is None else t.data_ptr() for t in tensors))
 
 
 def decode_step(weights: ctypes.Array, h: Tensor, x: Tensor, final_norm: Tensor, cos: Tensor, sin: Tensor,
                 positions: Tensor, slots: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, lengths: Tensor,
-                prefix: tuple[Tensor, Tensor, Tensor] | None, num_heads: int, intermediate: int, eps: float) -> None:
-    """Every layer of a decode step of M <= `skinny_rows()` rows in one C call (decode_step.c): h [M, n], the
-    embedded tokens, becomes the residual stream and x its final norm. Caches [layers, blocks, block_size,
-    Hkv, D]; tables [M, width] and lengths [M] each row's own blocks; prefix: the shared prefixes' tables,
-    lengths and members, as `paged_attention_shared` takes them. `weights` from `weight_pointers`, ten a
+                prefix: tuple[Tensor, Tensor, Tensor] | None, num_heads: int, intermediate: int, eps: float,
+                int8: bool = False) -> None:
+    """Every layer of a decode step of M <= `skinny_rows()` rows (`int8_rows()` on int8 weights) in one C
+    call (decode_step.c): h [M, n], the embedded tokens, becomes the residual stream and x its final norm.
+    Caches [layers, blocks, block_size, Hkv, D]; tables [M, width] and lengths [M] each row's own blocks; prefix: the shared prefixes' tables,
+    lengths and members, as `paged_attention_shared` takes them. `weights` from `weight_pointers`, 14 a
     layer (trusted: the model makes them from its own packed weights)."""
     M, n = h.shape
     layers, blocks, bs, Hkv, D = k_cache.shape
-    if not (1 <= M <= skinny_rows()) or not (h.is_contiguous() and x.is_contiguous() and x.shape == h.shape):
-        raise ValueError(f"decode_step: {M} contiguous rows of h and x expected, at most {skinny_rows()}")
-    if len(weights) != 10 * layers or k_cache.shape != v_cache.shape or not k_cache.is_contiguous() \
+    most = int8_rows() if int8 else skinny_rows()
+    if not (1 <= M <= most) or not (h.is_contiguous() and x.is_contiguous() and x.shape == h.shape):
+        raise ValueError(f"decode_step: {M} contiguous rows of h and x expected, at most {most}")
+    if len(weights) != 14 * layers or k_cache.shape != v_cache.shape or not k_cache.is_contiguous() \
             or not v_cache.is_contiguous() or num_heads % Hkv != 0:
         raise ValueError(f"decode_step: {len(weights)} weights and caches {tuple(k_cache.shape)} do not fit "
                          f"{layers} layers of {num_heads} heads")

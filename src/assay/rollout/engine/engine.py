@@ -54,6 +54,8 @@ class EngineConfig:
     speculative_max_batch: int = 4  # speculate only while at most this many sequences run
     speculative_ngram: int = 3  # longest n-gram looked up for a draft
     gemm: str = "auto"  # auto: oneDNN on prepacked weights where it runs (float32, CPU); torch: torch.mm
+    weights: str = "float32"  # int8: weight-only int8 per output feature for the layers' linears (onednn.py)
+    int8_head: bool = False  # with weights int8, the LM head too (float32 otherwise)
     warm_up: bool = True  # one throwaway step of max_batched_tokens as the engine starts (see _warm_up)
 
 
@@ -78,7 +80,7 @@ class Engine(RolloutBackend):
         if num_blocks < 1:
             raise AssayError(f"engine: a KV cache of {cfg.kv_cache_bytes} bytes holds no block of "
                              f"{PagedModel.bytes_per_block(model, cfg.block_size)} bytes; raise rollout.kv_cache_mb")
-        self.model = PagedModel(model, num_blocks, cfg.block_size, cfg.gemm)
+        self.model = PagedModel(model, num_blocks, cfg.block_size, cfg.gemm, cfg.weights, cfg.int8_head)
         self.runner = ModelRunner(self.model)
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.sched = Scheduler(self.blocks, cfg.max_batched_tokens, cfg.max_seqs)

@@ -1,6 +1,7 @@
 /* The C kernels of the engine's float32 CPU path, compiled together into one library (cpu_kernel.py):
  * paged attention (paged_attention.c), the elementwise work between a layer's GEMMs (elementwise.c),
- * the GEMM of a decode step's few rows (skinny_linear.c), a whole decode step (decode_step.c) and
+ * the GEMM of a decode step's few rows (skinny_linear.c; int8_linear.c on weight-only int8), a whole
+ * decode step (decode_step.c) and
  * sampling a token per row (sampling.c). */
 #ifndef ASSAY_KERNELS_H
 #define ASSAY_KERNELS_H
@@ -43,6 +44,10 @@ int qkv_rope_f32(const float *q, int64_t qts, int64_t qjs, const float *k, int64
 int skinny_linear_f32(const float *x, int64_t xrs, const float *wp, const float *bias, float *y, int64_t M,
                       int64_t N, int64_t K, int threads);
 int skinny_panel_f32(void);
+int int8_linear_f32(const float *x, int64_t xrs, const int8_t *wp, const float *scale, const float *bias, float *y,
+                    int64_t M, int64_t N, int64_t K, int threads);
+int int8_panel_f32(void);
+int int8_rows_f32(void);
 int skinny_rows_f32(void);
 int decode_step_f32(const float *const *w, int64_t layers, float *h, float *x, const float *final_norm,
                     const float *cos_t, const float *sin_t, const int64_t *pos, const int64_t *slot, float *k_cache,

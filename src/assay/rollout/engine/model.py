@@ -38,7 +38,8 @@ class Batch:
 
 
 class PagedModel:
-    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int, gemm: str = "auto") -> None:
+    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int, gemm: str = "auto",
+                 weights: str = "float32", int8_head: bool = False) -> None:
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise AssayError(f"the engine runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}; "
@@ -73,12 +74,14 @@ class PagedModel:
         self._pointers: ctypes.Array | None = None
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
-        self.packs = _packed_weights(gemm, param)
+        self.packs = _packed_weights(gemm, param, _int8(weights, param, gemm))
+        # the LM head's own packs: float32 unless int8_head (its quantization costs the most quality)
+        self.head_packs = self.packs if self.packs is None or int8_head or not self.packs.int8 else onednn.PackedWeights()
         if self.packs is not None:
             for _, qkv, o, _, gate_up, down in self.step_weights:
-                for weights in (qkv, o, gate_up, down):
-                    self.packs.prepack(*weights)
-            self.packs.prepack(*_side_by_side(self.lm_head))
+                for linear in (qkv, o, gate_up, down):
+                    self.packs.prepack(*linear)
+            self.head_packs.prepack(*_side_by_side(self.lm_head))
         rotary = inner.rotary_emb
         with torch.no_grad():
             pos = torch.arange(self.max_positions, device=self.device, dtype=torch.float32)
@@ -142,7 +145,7 @@ class PagedModel:
             up = self._gemm(x, mlp.up_proj.weight, mlp.up_proj.bias)
             h = h + self._gemm(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         last = _rms_norm(h[batch.logits_at], self.norm, self.eps)
-        return self._gemm(last, self.lm_head.weight, self.lm_head.bias).float()
+        return self._head(last)
 
     def _forward_fused(self, batch: Batch) -> Tensor:
         """`forward` in float32 on the CPU with the elementwise work in C (`cpu_kernel`): the residual
@@ -176,7 +179,7 @@ class PagedModel:
             (gate, bg), (up, bu) = self._projections(x, (mlp.gate_proj, mlp.up_proj), few)
             delta, bias = self._project(cpu_kernel.silu_mul(gate, up, bg, bu), mlp.down_proj, few)
         cpu_kernel.add_rms_norm(h, delta, bias, self.norm, x, self.eps)
-        return self._gemm(x[batch.logits_at], self.lm_head.weight, self.lm_head.bias).float()
+        return self._head(x[batch.logits_at])
 
     def _few_decodes(self, batch: Batch) -> bool:
         """Only decoding rows, few enough for the C kernels' panels, of a model whose every op the C step has."""
@@ -194,8 +197,8 @@ class PagedModel:
         cpu_kernel.decode_step(self._step_pointers(), h, x, self.norm, self.cos, self.sin, batch.positions, batch.slots,
                                self.k_cache, self.v_cache, g.block_tables, g.lengths,
                                None if s is None else (s.tables, s.lengths, s.targets), self.num_heads,
-                               self.intermediate, self.eps)
-        return self._gemm(x[batch.logits_at], self.lm_head.weight, self.lm_head.bias).float()
+                               self.intermediate, self.eps, int8=self.packs.int8)
+        return self._head(x[batch.logits_at])
 
     def _step_pointers(self) -> ctypes.Array:
         """The addresses of each layer's norms and current packed weights (`cpu_kernel.weight_pointers`),
@@ -207,9 +210,13 @@ class PagedModel:
             for norm, qkv, o, post_norm, gate_up, down in self.step_weights:
                 p = [self.packs.panels(*w) for w in (qkv, o, gate_up, down)]
                 tensors += [norm, p[0].panels, p[0].bias, p[1].panels, p[1].bias, post_norm, p[2].panels, p[2].bias,
-                            p[3].panels, p[3].bias]
+                            p[3].panels, p[3].bias, *(part.scales for part in p)]
             self._pointers, self._pointers_stamp = cpu_kernel.weight_pointers(tensors), stamp
         return self._pointers
+
+    def _head(self, x: Tensor) -> Tensor:
+        w, b = self.lm_head.weight, self.lm_head.bias
+        return (_linear(x, w, b) if self.head_packs is None else self.head_packs.linear(x, w, b)).float()
 
     def _gemm(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return _linear(x, weight, bias) if self.packs is None else self.packs.linear(x, weight, bias)
@@ -232,7 +239,22 @@ class PagedModel:
         return self._gemm(x, linear.weight, linear.bias), None
 
 
-def _packed_weights(gemm: str, param: Tensor) -> onednn.PackedWeights | None:
+def _int8(weights: str, param: Tensor, gemm: str) -> bool:
+    """`weights: int8` runs on the C kernels and oneDNN: a float32 model on the CPU, gemm auto or onednn."""
+    if weights not in ("float32", "int8"):
+        raise AssayError(f"engine weights must be float32 or int8, got {weights!r}")
+    if weights == "float32":
+        return False
+    if param.device.type != "cpu" or param.dtype != torch.float32 or gemm == "torch" or not onednn.available() \
+            or not cpu_kernel.int8_rows():
+        raise AssayError(f"engine weights int8 run a float32 model on the CPU with the C kernels and oneDNN "
+                         f"(gemm auto or onednn); this model is {param.dtype} on {param.device.type}, gemm {gemm!r}, "
+                         f"C kernels {'built' if cpu_kernel.int8_rows() else 'unavailable'}, oneDNN "
+                         f"{onednn.available()}: use weights float32")
+    return True
+
+
+def _packed_weights(gemm: str, param: Tensor, int8: bool = False) -> onednn.PackedWeights | None:
     """`rollout.gemm`: auto takes oneDNN wherever it runs (float32 on the CPU), torch keeps torch.mm (MKL)."""
     if gemm not in ("auto", "onednn", "torch"):
         raise AssayError(f"rollout.gemm must be auto, onednn or torch, got {gemm!r}")
@@ -241,7 +263,7 @@ def _packed_weights(gemm: str, param: Tensor) -> onednn.PackedWeights | None:
         raise AssayError(f"rollout.gemm: onednn runs float32 models on the CPU with a torch built with oneDNN; "
                          f"this model is {param.dtype} on {param.device.type} (oneDNN in this torch: "
                          f"{onednn.available()}): use rollout.gemm: auto or torch")
-    return onednn.PackedWeights() if usable and gemm != "torch" else None
+    return onednn.PackedWeights(int8) if usable and gemm != "torch" else None
 
 
 def _side_by_side(*linears: torch.nn.Linear) -> tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]:

@@ -7,7 +7,12 @@ the engine's shapes (docs/experiments.md R4). A packed copy is made once per wei
 whenever the weight changed: torch bumps a tensor's version counter on every in-place write (an
 optimizer step, `copy_weights`), so the engine still runs whatever the model's parameters hold.
 At a few rows oneDNN streamed the weights at about half the rate the machine reads memory; the C
-kernel reaches it (R7), for one more copy of the weights."""
+kernel reaches it (R7), for one more copy of the weights.
+
+With `int8` (the engine's `weights: int8`) every weight stands for its weight-only int8 quantization
+(`cpu_kernel.quantize_int8`, per output feature): a decode step's few rows run the int8 C kernel,
+which reads a quarter of the bytes, and more rows (prefill) run oneDNN on the dequantized float32
+copy, so prefill and decode compute with the same weights. The model's own parameters stay float32."""
 
 from __future__ import annotations
 
@@ -51,7 +56,8 @@ class _Pack:
     bias: Tensor | None  # the biases joined (zeros where one is missing)
     rows: int  # output features
     onednn: Tensor | None = None  # oneDNN's blocked layout, for many rows
-    panels: Tensor | None = None  # the C kernel's layout, for a decode step's few rows
+    panels: Tensor | None = None  # the C kernel's layout, for a decode step's few rows (int8 when quantized)
+    scales: Tensor | None = None  # int8: each output feature's scale
 
 
 class PackedWeights:
@@ -63,9 +69,12 @@ class PackedWeights:
     rows (R7). The engine makes both layouts as it starts (`prepack`); a newer version of the weights
     gets each layout the first time a call needs it."""
 
-    def __init__(self) -> None:
+    def __init__(self, int8: bool = False) -> None:
         self._packs: dict[tuple[int, ...], _Pack] = {}  # key: ids of the weights and biases
-        self.skinny_rows = cpu_kernel.skinny_rows()
+        self.int8 = int8
+        # the most rows the C kernel takes: int8 widens each weight once for up to 8 rows, where float32
+        # panels ran out of registers past 2 on AVX2 (a speculative step verifies 1 + draft rows)
+        self.skinny_rows = cpu_kernel.int8_rows() if int8 else cpu_kernel.skinny_rows()
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return self.linear_cat(x, (weight,), (bias,))
@@ -74,6 +83,8 @@ class PackedWeights:
         """x @ cat(weights).T + cat(biases): [T, sum of the weights' rows]; a missing bias counts as zeros."""
         if 0 < x.shape[0] <= self.skinny_rows and x.stride(-1) == 1:
             pack = self.panels(weights, biases)
+            if self.int8:
+                return cpu_kernel.int8_linear(x, pack.panels, pack.scales, pack.bias, pack.rows)
             return cpu_kernel.skinny_linear(x, pack.panels, pack.bias, pack.rows)
         pack = self.blocked(weights, biases)
         return _linear(x.contiguous(), pack.onednn, pack.bias)
@@ -89,14 +100,19 @@ class PackedWeights:
         """The current pack of these weights side by side, with oneDNN's blocked layout made."""
         pack = self._current(weights, biases)
         if pack.onednn is None:
-            pack.onednn = _pack(_join(weights))
+            w = _join(weights)
+            pack.onednn = _pack(cpu_kernel.dequantize_int8(*cpu_kernel.quantize_int8(w)) if self.int8 else w)
         return pack
 
     def panels(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
         """The current pack of these weights side by side, with its panels for the C kernels made."""
         pack = self._current(weights, biases)
         if pack.panels is None:
-            pack.panels = cpu_kernel.pack_panels(_join(weights))
+            if self.int8:
+                q, pack.scales = cpu_kernel.quantize_int8(_join(weights))
+                pack.panels = cpu_kernel.pack_int8_panels(q)
+            else:
+                pack.panels = cpu_kernel.pack_panels(_join(weights))
         return pack
 
     def _current(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
