@@ -331,7 +331,8 @@ def eval_compare(a: Annotated[Path, typer.Argument(help="record A (a directory a
 @app.command()
 def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its latest checkpoint), a checkpoint or "
                                                        "Hugging Face directory, a .gguf file, or smollm2")],
-          profile: Annotated[str, typer.Option(help="how the policy is run: standard")] = "standard",
+          profile: Annotated[str, typer.Option(help="how the policy is run: standard, or fast (int8 weights, "
+                                               "speculative decoding, latency first)")] = "standard",
           host: Annotated[str, typer.Option(help="address to listen on; the loopback unless you open it")] = "127.0.0.1",
           port: Annotated[int, typer.Option(help="port to listen on; 0: any free one (logged)")] = 8000,
           max_queue: Annotated[int, typer.Option(help="requests that may wait for the batch; more are answered "

@@ -72,7 +72,7 @@ def _engine(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrainedTok
                                                  max_batched_tokens=cfg.max_batched_tokens, max_seqs=cfg.max_seqs,
                                                  speculative_tokens=cfg.speculative_tokens,
                                                  speculative_max_batch=cfg.speculative_max_batch, gemm=cfg.gemm,
-                                                 warm_up=cfg.warm_up))
+                                                 weights=cfg.weights, warm_up=cfg.warm_up))
 
 
 @register_backend("hf")

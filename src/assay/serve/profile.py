@@ -41,3 +41,14 @@ def get_profile(name: str) -> ServeProfile:
 STANDARD = register_profile(ServeProfile(
     "standard", "the engine as training runs it: the policy's own float weights, no speculation",
     EngineConfig(), max_batch=EngineConfig().max_seqs))
+
+# Latency first: at most 8 sequences in the batch (the int8 kernel's rows, so every decode step is the C
+# step on int8 weights; more requests wait in the queue), a step budget of 256 tokens (a joining prompt's
+# prefill stalls the decoding sequences for at most that many tokens a step; the scheduler runs every
+# decode first), and prompt-lookup drafts of 3 tokens while at most 2 sequences run (2 x (1 + 3) rows:
+# a verifying step stays within the int8 kernel's 8 rows).
+FAST = register_profile(ServeProfile(
+    "fast", "latency first: weight-only int8 linears (LM head float32), prompt-lookup speculative decoding, "
+            "a batch of at most 8",
+    EngineConfig(weights="int8", speculative_tokens=3, speculative_max_batch=2, max_batched_tokens=256, max_seqs=8),
+    max_batch=8))
