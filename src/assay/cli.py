@@ -614,6 +614,33 @@ def bench_verify(candidates: Annotated[int, typer.Option(help="codegen candidate
     print(run_verify_bench(candidates, threads, rounds))
 
 
+@bench_app.command("serve")
+def bench_serve(policy: Annotated[Path, typer.Argument(help="a policy, as `assay serve` takes it (e.g. smollm2)")],
+                profiles: Annotated[str, typer.Option(help="comma-separated serving profiles")] = "standard,fast",
+                concurrency: Annotated[str, typer.Option(help="comma-separated concurrent clients")] = "1,8,32",
+                rounds: Annotated[int, typer.Option(help="rounds of every profile and level, alternated")] = 3,
+                requests: Annotated[int, typer.Option(help="requests each client sends, one after another")] = 2,
+                max_tokens: Annotated[int, typer.Option(help="most tokens per response (greedy)")] = 64,
+                threads: Annotated[int, typer.Option(help="torch threads (0: the count measured fastest here)")] = 0,
+                out: Annotated[Path | None, typer.Option(help="also write the rows as JSON here")] = None) -> None:
+    """Serving profiles side by side: TTFT, inter-token latency and tokens/s under concurrent streaming clients."""
+    from assay.bench.serve import rows_json, run_serve_bench, table, vllm_status
+    from assay.core.modeling import apply_threads, load_model
+    from assay.serve.server import policy_dir
+
+    model, tokenizer = load_model(policy_dir(policy))
+    apply_threads(threads, model)
+    try:
+        levels = [int(c) for c in concurrency.split(",")]
+    except ValueError:
+        raise AssayError(f"--concurrency {concurrency!r}: give whole numbers separated by commas, e.g. 1,8,32") from None
+    rows = run_serve_bench(model.eval(), tokenizer, [p.strip() for p in profiles.split(",") if p.strip()], levels,
+                           rounds, requests, max_tokens)
+    print(table(rows, vllm_status()))
+    if out is not None:
+        out.write_text(rows_json(rows))
+
+
 @bench_app.command("rollout")
 def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, the same for every backend")] = "float32",
                   threads: Annotated[int, typer.Option(help="torch threads in every process (0: torch's default)")] = 0,
