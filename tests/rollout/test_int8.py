@@ -92,3 +92,25 @@ def test_int8_needs_the_cpu_kernels_and_onednn(model, tok):
         Engine(model, tok, EngineConfig(**SMALL, weights="int8", gemm="torch"))
     with pytest.raises(AssayError, match="float32 or int8"):
         Engine(model, tok, EngineConfig(**SMALL, weights="int4"))
+
+
+def test_propose_drafts_only_from_a_match_of_min_ngram_tokens():
+    from assay.rollout.engine.speculative import propose
+
+    tokens = [5, 6, 7, 9, 1, 7]  # the last token, 7, occurred before; the last two, 1 7, did not
+    assert propose(tokens, 3, 2) == [9, 1]
+    assert propose(tokens, 3, 2, min_ngram=2) == []
+    assert propose([5, 6, 7, 8, 5, 6], 3, 2, min_ngram=2) == [7, 8]
+
+
+def test_speculation_on_int8_keeps_the_int8_greedy_output(model, tok):
+    """Verifying a draft runs 1 + draft rows through the int8 GEMMs; a step decodes one row in the C step:
+    the same int8 weights, so the same greedy tokens."""
+    prompts = [tok.encode(f"<|im_start|>user\nWhat is {i}+{2 * i}? What is {i}+{2 * i}?<|im_end|>\n") for i in (4, 21)]
+    params = SamplingParams(temperature=0, max_tokens=32)
+    plain = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True))
+    spec = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True, speculative_tokens=3,
+                                           speculative_max_batch=2))
+    want = [r.token_ids for [r] in plain.generate([GenRequest(p, params) for p in prompts])]
+    assert [r.token_ids for [r] in spec.generate([GenRequest(p, params) for p in prompts])] == want
+    assert spec.last_stats["draft_proposed"] > 0

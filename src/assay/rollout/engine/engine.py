@@ -53,6 +53,7 @@ class EngineConfig:
     speculative_tokens: int = 0  # prompt-lookup draft length; 0: off
     speculative_max_batch: int = 4  # speculate only while at most this many sequences run
     speculative_ngram: int = 3  # longest n-gram looked up for a draft
+    speculative_min_ngram: int = 1  # shortest: a longer match drafts less often and is accepted more often
     gemm: str = "auto"  # auto: oneDNN on prepacked weights where it runs (float32, CPU); torch: torch.mm
     weights: str = "float32"  # int8: weight-only int8 per output feature for the layers' linears (onednn.py)
     int8_head: bool = False  # with weights int8, the LM head too (float32 otherwise)
@@ -312,7 +313,7 @@ class Engine(RolloutBackend):
         for seq in running:
             room = min(cfg.speculative_tokens, seq.params.max_tokens - len(seq.completion) - 1,
                        self.model.max_positions - len(seq.tokens) - 1)
-            draft = propose(seq.tokens, cfg.speculative_ngram, room)
+            draft = propose(seq.tokens, cfg.speculative_ngram, room, cfg.speculative_min_ngram)
             if draft:
                 drafts[id(seq)] = draft
         need = sum(2 + len(d) // self.config.block_size for d in drafts.values()) + len(running)

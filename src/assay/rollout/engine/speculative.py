@@ -21,12 +21,12 @@ from assay.rollout.engine.sampler import truncate, uniform
 _ACCEPT_SALT = 0x5DEECE66D  # acceptance tests draw from a stream apart from the token draws
 
 
-def propose(tokens: list[int], ngram: int, limit: int) -> list[int]:
+def propose(tokens: list[int], ngram: int, limit: int, min_ngram: int = 1) -> list[int]:
     """Up to `limit` tokens that followed the latest earlier occurrence of the last n tokens
-    (n from `ngram` down to 1)."""
+    (n from `ngram` down to `min_ngram`)."""
     if limit <= 0:
         return []
-    for n in range(min(ngram, len(tokens) - 1), 0, -1):
+    for n in range(min(ngram, len(tokens) - 1), max(min_ngram, 1) - 1, -1):
         tail = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start:start + n] == tail:
