@@ -152,6 +152,8 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
           backend: Annotated[str, typer.Option(help="rollout backend: engine, hf, vllm or a registered one")] = "engine",
           kv_cache_mb: Annotated[int, typer.Option(help="the engine's KV cache in MiB; 0: room for every episode "
                                                    "at once, up to a quarter of the free memory")] = 0,
+          weights: Annotated[str, typer.Option(help="the engine's weights: float32, or int8 (rollout.weights; "
+                                               "what `assay serve --profile fast` runs)")] = "float32",
           run: Annotated[Path | None, typer.Option(help="runs/NAME that trained the policy: check that no "
                                                    "evaluation task is in its RL trajectories or SFT data")] = None,
           out: Annotated[Path | None, typer.Option(help=f"record directory (default: {describe('evals')}/<time>)")] = None,
@@ -188,7 +190,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
     for e in remote:
         e.api_key()  # a named variable that is unset fails here, before anything runs
     out = out or evals_dir() / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    settings: dict[str, Any] = {"backend": backend, "seed": seed}
+    settings: dict[str, Any] = {"backend": backend, "seed": seed, "weights": weights}
     if target.suffix in (".yaml", ".yml"):
         suite, suite_sha = load_suite(target)
         if not policy and not remote:
@@ -223,7 +225,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
     records = []
     for i, p in enumerate(policies):
         where = out / f"{i}_{p.name if isinstance(p, Path) else 'endpoint'}" if len(policies) > 1 else out
-        rollout = RolloutConfig(backend=backend, **({"kv_cache_mb": kv_cache_mb} if kv_cache_mb else {}))
+        rollout = RolloutConfig(backend=backend, weights=weights, **({"kv_cache_mb": kv_cache_mb} if kv_cache_mb else {}))
         runs = [_eval_policy(p, envs, domains, task_list, rollout, n, seed + r, temperature, run,
                              where / f"repeat_{r}" if repeats > 1 else where, {**settings, "seed": seed + r},
                              (price_prompt, price_completion), html) for r in range(repeats)]

@@ -184,9 +184,9 @@ def table(rows: list[Row], note: str | None) -> str:
     from rich.table import Table
 
     t = Table(title="assay serve, streaming chat clients (tokens/s over each level's wall time; spread over rounds)")
-    for col in ("concurrency", "profile", "TTFT p50 / p99 ms", "ITL p50 / p99 ms", "tokens/s median [min-max]",
-                "÷ standard median [min-max]"):
-        t.add_column(col)
+    for col in ("clients", "profile", "TTFT p50/p99 ms", "ITL p50/p99 ms", "tok/s med [min-max]",
+                "÷ standard med [min-max]"):
+        t.add_column(col, no_wrap=True)
     for r in rows:
         ratio = "" if r.ratio_to_standard is None else \
             f"{statistics.median(r.ratio_to_standard):.2f} [{min(r.ratio_to_standard):.2f}-{max(r.ratio_to_standard):.2f}]"
