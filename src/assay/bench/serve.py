@@ -186,7 +186,7 @@ def table(rows: list[Row], note: str | None) -> str:
     t = Table(title="assay serve, streaming chat clients (tokens/s over each level's wall time; spread over rounds)")
     for col in ("clients", "profile", "TTFT p50/p99 ms", "ITL p50/p99 ms", "tok/s med [min-max]",
                 "÷ standard med [min-max]"):
-        t.add_column(col, no_wrap=True)
+        t.add_column(col, no_wrap=True, min_width=len(col))
     for r in rows:
         ratio = "" if r.ratio_to_standard is None else \
             f"{statistics.median(r.ratio_to_standard):.2f} [{min(r.ratio_to_standard):.2f}-{max(r.ratio_to_standard):.2f}]"
