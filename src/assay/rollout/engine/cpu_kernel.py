@@ -262,7 +262,7 @@ def qkv_rope(q: Tensor, k: Tensor, v: Tensor, biases: tuple[Tensor | None, Tenso
 
 def skinny_rows() -> int:
     """The most rows `skinny_linear` takes in this build (0 without the C kernels): 8 with AVX-512,
-    2 without, where its broadcasts run out of registers beyond that and oneDNN is faster (R7)."""
+    2 without, where its broadcasts run out of registers beyond that and oneDNN is faster."""
     lib = _library()
     return lib.skinny_rows_f32() if lib is not None else 0
 

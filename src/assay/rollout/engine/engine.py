@@ -218,7 +218,7 @@ class Engine(RolloutBackend):
         """A step as large as the scheduler makes, on throwaway tokens, before the first request: its
         activations grow the heap to a step's peak once (kept for reuse: `keep_freed_memory`), and the
         first-call costs of the kernels and thread pools are paid here. Nothing of it stays cached, and
-        greedy, it draws from no random stream. Measured: docs/experiments.md R15."""
+        greedy, it draws from no random stream."""
         n = min(self.config.max_batched_tokens, self.model.max_positions - 1,
                 len(self.blocks.blocks) * self.config.block_size - 1)
         if n < 1:

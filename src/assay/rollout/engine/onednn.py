@@ -3,11 +3,11 @@ few rows the C kernel's panels (`cpu_kernel.skinny_linear`).
 
 On some CPUs MKL's sgemm (what `torch.mm` calls) takes a generic path: on the development machine's
 AMD EPYC (Zen 5, AVX-512) it ran 80-90 GFLOP/s a core where oneDNN's prepacked kernels ran 150-210 at
-the engine's shapes (docs/experiments.md R4). A packed copy is made once per weight and made again
+the engine's shapes. A packed copy is made once per weight and made again
 whenever the weight changed: torch bumps a tensor's version counter on every in-place write (an
 optimizer step, `copy_weights`), so the engine still runs whatever the model's parameters hold.
 At a few rows oneDNN streamed the weights at about half the rate the machine reads memory; the C
-kernel reaches it (R7), for one more copy of the weights.
+kernel reaches it, for one more copy of the weights.
 
 With `int8` (the engine's `weights: int8`) every weight stands for its weight-only int8 quantization
 (`cpu_kernel.quantize_int8`, per output feature): a decode step's few rows run the int8 C kernel,
@@ -64,9 +64,9 @@ class PackedWeights:
     """x @ weight.T + bias on a packed copy of each weight, kept current with the weight. `linear_cat`
     runs several projections of one input (q, k and v; gate and up) as one GEMM on their weights packed
     side by side: at a decode step's few rows a GEMM is bound by reading its weight, and one wide GEMM
-    streams it faster than three narrow ones (docs/experiments.md R5). Up to `cpu_kernel.skinny_rows()`
+    streams it faster than three narrow ones. Up to `cpu_kernel.skinny_rows()`
     rows run on the C kernel's panels instead, which stream a weight faster than oneDNN does at so few
-    rows (R7). The engine makes both layouts as it starts (`prepack`); a newer version of the weights
+    rows. The engine makes both layouts as it starts (`prepack`); a newer version of the weights
     gets each layout the first time a call needs it."""
 
     def __init__(self, int8: bool = False) -> None:
@@ -91,7 +91,7 @@ class PackedWeights:
 
     def prepack(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> None:
         """Make every layout these weights will need now, as the engine starts, and not in its first
-        steps: at the bench model's 57M parameters, packing cost the first long prefill ~0.2-0.4 s (R11)."""
+        steps: at the bench model's 57M parameters, packing cost the first long prefill ~0.2-0.4 s."""
         self.blocked(weights, biases)
         if self.skinny_rows:
             self.panels(weights, biases)

@@ -3,7 +3,7 @@
  * (zeros past N). At a few rows a GEMM is bound by reading its weight; here each weight element is
  * read once, and one panel row of it is multiplied into every row's accumulators, which stay in
  * registers for the whole of K (x's elements are broadcast). oneDNN's blocked kernels streamed the
- * engine's decode weights at about half the machine's read rate (docs/experiments.md R7).
+ * engine's decode weights at about half the machine's read rate.
  *   x [M, K] with rows xrs apart, y [M, N] contiguous, bias [N] or NULL. */
 #include <stddef.h>
 #include <stdint.h>
@@ -24,7 +24,7 @@
 typedef float vl __attribute__((vector_size(LANES * 4)));
 /* Panel rows requested ahead (4 KB), non-temporal: the hardware prefetcher alone left loads and FMAs
  * adding rather than overlapping; measured 1.18x on the decode weights at 8 rows, 1.1x at 4, ~1.03x
- * at 1 (docs/experiments.md R14). Past the last panel it requests bytes it never reads: harmless. */
+ * at 1. Past the last panel it requests bytes it never reads: harmless. */
 #define PREFETCH_ROWS 32
 
 int skinny_panel_f32(void) { return PANEL; }
