@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -839,9 +840,9 @@ def bench_policies(overrides: Overrides = None,
 
 
 def main() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress bars say what is happening
+    # our own progress bars say what is happening; set before transformers is imported (it reads this as it
+    # loads), so that a command that never loads a model never imports transformers just to silence it
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if sys.argv[1:2] == ["eval"] and sys.argv[2:3] in (["compare"], ["pin"]):  # `eval` takes a path; these are
         sys.argv[1:3] = [f"eval-{sys.argv[2]}"]                                 # commands of their own
     try:
