@@ -792,6 +792,19 @@ def bench_trainer(rounds: Annotated[int, typer.Option(help="fresh processes per 
     print(run_trainer_bench(rounds, seqs, length, completion, hidden, threads, log=console.print))
 
 
+def _seeded_bench(run: Callable[..., tuple[str, Any]], seeds: int, name: str, run_dir: Path,
+                  overrides: list[str] | None, jobs: int, threads: int, preset: str, out: Path | None) -> None:
+    """A bench over quickstart seeds: its arguments checked, its table printed and, with --out, written."""
+    from assay.core.errors import ConfigError
+
+    if seeds < 1 or jobs < 1 or threads < 0:
+        raise ConfigError("--seeds and --jobs must be at least 1, --threads at least 0")
+    text, _ = run(seeds, name, run_dir, overrides or [], jobs, threads, log=console.print, preset=preset)
+    print(text)
+    if out is not None:
+        out.write_text(text)
+
+
 @bench_app.command("learning")
 def bench_learning(overrides: Overrides = None,
                    seeds: Annotated[int, typer.Option(help="quickstart runs, config seeds 0..N-1")] = 3,
@@ -804,15 +817,8 @@ def bench_learning(overrides: Overrides = None,
                    out: Annotated[Path | None, typer.Option(help="also write the tables (markdown) here")] = None) -> None:
     """The quickstart over several seeds: RL's Δ pass@1 per domain and on average, mean ± sd over seeds."""
     from assay.bench.learning import run_learning_bench
-    from assay.core.errors import ConfigError
 
-    if seeds < 1 or jobs < 1 or threads < 0:
-        raise ConfigError("--seeds and --jobs must be at least 1, --threads at least 0")
-    text, _ = run_learning_bench(seeds, name, run_dir, overrides or [], jobs, threads, log=console.print,
-                                 preset=preset)
-    print(text)
-    if out is not None:
-        out.write_text(text)
+    _seeded_bench(run_learning_bench, seeds, name, run_dir, overrides, jobs, threads, preset, out)
 
 
 @bench_app.command("policies")
@@ -828,15 +834,8 @@ def bench_policies(overrides: Overrides = None,
                    out: Annotated[Path | None, typer.Option(help="also write the table (markdown) here")] = None) -> None:
     """Four policies on the same held-out tasks: the model as it came, RL alone, SFT, SFT then RL."""
     from assay.bench.policies import run_policies_bench
-    from assay.core.errors import ConfigError
 
-    if seeds < 1 or jobs < 1 or threads < 0:
-        raise ConfigError("--seeds and --jobs must be at least 1, --threads at least 0")
-    text, _ = run_policies_bench(seeds, name, run_dir, overrides or [], jobs, threads, log=console.print,
-                                 preset=preset)
-    print(text)
-    if out is not None:
-        out.write_text(text)
+    _seeded_bench(run_policies_bench, seeds, name, run_dir, overrides, jobs, threads, preset, out)
 
 
 def main() -> None:

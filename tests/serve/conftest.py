@@ -36,19 +36,25 @@ def policy(tok):
     return model.eval()
 
 
-@pytest.fixture
-def serve(policy, tok):
-    """serve(**options) -> a running server on 127.0.0.1:<ephemeral>, closed after the test."""
+def _servers(model, tok):
+    """start(engine=..., **options) -> a running server of `model` on 127.0.0.1:<ephemeral>; yields `start` and
+    closes every server it started."""
     started = []
 
     def start(engine: EngineConfig = SMALL_ENGINE, **options):
-        state = build_state(policy, tok, MODEL, STANDARD, ServeOptions(**options), engine)
+        state = build_state(model, tok, MODEL, STANDARD, ServeOptions(**options), engine)
         started.append(start_server(state))
         return started[-1]
 
     yield start
     for s in started:
         s.close()
+
+
+@pytest.fixture
+def serve(policy, tok):
+    """serve(**options) -> a running server on 127.0.0.1:<ephemeral>, closed after the test."""
+    yield from _servers(policy, tok)
 
 
 @pytest.fixture(scope="session")
@@ -61,16 +67,7 @@ def babbler(tok):
 
 @pytest.fixture
 def serve_babbler(babbler, tok):
-    started = []
-
-    def start(**options):
-        state = build_state(babbler, tok, MODEL, STANDARD, ServeOptions(**options), SMALL_ENGINE)
-        started.append(start_server(state))
-        return started[-1]
-
-    yield start
-    for s in started:
-        s.close()
+    yield from _servers(babbler, tok)
 
 
 @pytest.fixture

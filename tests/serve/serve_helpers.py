@@ -1,5 +1,9 @@
 """What the serve tests share: the calculator tool, its tasks and reference conversations, and metric reads."""
 
+import re
+import subprocess
+import time
+
 from assay.core.types import Message, Task, ToolCall, ToolSpec
 from assay.rollout.engine import EngineConfig
 
@@ -24,3 +28,15 @@ def metric(server, name: str, **labels) -> float:
     """A sample's value from the server's Prometheus registry (0 when it has none yet)."""
     value = server.state.metrics.registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
+
+
+def served_url(proc: subprocess.Popen, output: list[str], timeout_s: float) -> str:
+    """The base URL a starting `assay serve` process logs, its lines kept in `output` (the failure message if it
+    exits or takes longer than `timeout_s` first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        line = proc.stdout.readline()
+        output.append(line)
+        assert (line or proc.poll() is None) and time.monotonic() < deadline, "".join(output)
+        if m := re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line):
+            return m.group(1)

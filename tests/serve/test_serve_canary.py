@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from serve_helpers import CALC, MODEL, SMALL_ENGINE
+from serve_helpers import CALC, MODEL, SMALL_ENGINE, served_url
 
 from assay.core.errors import AssayError
 from assay.serve.canary import CanaryConfig, bucket, canary, decide, radius
@@ -187,11 +187,9 @@ def test_sessions_are_sticky_and_bad_feedback_is_refused(deploy, policy):
 
 def test_assay_serve_with_a_canary_keeps_both_versions_with_their_hashes(policy, babbler, tok, tmp_path):
     import os
-    import re
     import signal
     import subprocess
     import sys
-    import time
 
     from assay.core.modeling import save_model
     from assay.serve.session_log import read_sessions
@@ -206,13 +204,7 @@ def test_assay_serve_with_a_canary_keeps_both_versions_with_their_hashes(policy,
                             stderr=subprocess.STDOUT, text=True)
     output = []
     try:
-        url, deadline = None, time.monotonic() + 240
-        while url is None:
-            line = proc.stdout.readline()
-            output.append(line)
-            assert (line or proc.poll() is None) and time.monotonic() < deadline, "".join(output)
-            if m := re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line):
-                url = m.group(1)
+        url = served_url(proc, output, 240)
         versions = _versions(url, range(12), str(tmp_path / "stable"))
         assert set(versions) == {1, 2}
         status = httpx.get(f"{url}/v1/deployment", timeout=30).json()

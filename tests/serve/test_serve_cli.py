@@ -2,15 +2,13 @@
 the server's output never shows."""
 
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
-from serve_helpers import CALC
+from serve_helpers import CALC, served_url
 
 from assay.core.errors import AssayError
 from assay.core.modeling import save_model
@@ -28,15 +26,7 @@ def test_assay_serve_serves_a_saved_policy_on_the_loopback_and_never_shows_its_k
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = []
     try:
-        deadline = time.monotonic() + 180
-        url = None
-        while url is None:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "".join(output)
-            assert time.monotonic() < deadline, "".join(output)
-            output.append(line)
-            if m := re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line):
-                url = m.group(1)
+        url = served_url(proc, output, 180)
         with httpx.Client(base_url=url, timeout=60) as c:
             c.get("/health").raise_for_status()
             headers = {"Authorization": f"Bearer {KEY}"}

@@ -3,7 +3,6 @@ filesystem and a loopback S3 server; journals and shards read as one; durable ac
 `assay serve`."""
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serve_helpers import CALC, MODEL
+from serve_helpers import CALC, MODEL, served_url
 
 from assay.core.errors import AssayError
 from assay.core.modeling import save_model
@@ -151,13 +150,7 @@ def test_every_completed_request_survives_a_kill_9_of_assay_serve(policy, tok, t
                              "--log", str(log_dir)], env={**os.environ, "OMP_NUM_THREADS": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        url, output, deadline = None, [], time.monotonic() + 180
-        while url is None:
-            line = proc.stdout.readline()
-            output.append(line)
-            assert (line or proc.poll() is None) and time.monotonic() < deadline, "".join(output)
-            if m := re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line):
-                url = m.group(1)
+        url = served_url(proc, [], 180)
         ids = []
         with httpx.Client(base_url=url, timeout=60) as c:
             for k in range(6):
