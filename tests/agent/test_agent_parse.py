@@ -30,6 +30,7 @@ def test_content_and_calls():
         ('<tool_call>{"name":"c","arguments":{}}</tool_call> done', "text after tool call 1: 'done'"),
         ('<tool_call>{"name":"c","arguments":{}}</tool_call><tool_call>oops</tool_call>', "tool call 2: invalid JSON"),
         ('answer</tool_call>', "without an opening <tool_call>"),
+        ('<tool_call>{"name":"c","arguments":{"n":' + "9" * 5000 + '}}</tool_call>', "more than 4300 digits"),
     ],
 )
 def test_malformed_calls_are_errors_and_keep_the_whole_text(text, error):

@@ -51,6 +51,13 @@ def test_malformed_requests_get_4xx_with_openai_error_json(http):
         {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{oops"}}]}
     assert "not JSON" in error_of(post("/v1/chat/completions", json={**CHAT, "messages": [
         *CHAT["messages"], bad_call]}), 400)["message"]
+    huge = b'{"model": "%s", "prompt": "x", "max_tokens": %s}' % (MODEL.encode(), b"9" * 5000)
+    assert "digits" in error_of(post("/v1/completions", content=huge,
+                                     headers={"content-type": "application/json"}), 400)["message"]
+    huge_args = {**bad_call, "tool_calls": [{**bad_call["tool_calls"][0], "function": {
+        "name": "calc", "arguments": '{"x": ' + "9" * 5000 + "}"}}]}
+    assert "digits" in error_of(post("/v1/chat/completions", json={**CHAT, "messages": [
+        *CHAT["messages"], huge_args]}), 400)["message"]
     long = error_of(post("/v1/completions", json={"model": MODEL, "prompt": [5] * 1024}), 400)
     assert long["code"] == "context_length_exceeded"
     assert "batch" in error_of(post("/v1/chat/completions", json={**CHAT, "n": 10_000}), 400)["message"]

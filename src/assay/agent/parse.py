@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from typing import Any
 
 from assay.core.tokenizer import TOOL_CALL_END, TOOL_CALL_START
 from assay.core.types import ToolCall
@@ -78,17 +80,25 @@ def parse_repairing(text: str, style: str, repair: bool) -> tuple[str, list[Tool
         i = end + len(TOOL_CALL_END)
 
 
-def _parse_call(body: str, args_as_text: bool = False) -> tuple[ToolCall, None] | tuple[None, str]:
-    """`args_as_text` (a repair): "arguments" given as a string holding a JSON object is that object."""
+def _loads(text: str) -> tuple[Any, str | None]:
+    """JSON a model wrote, or the reason it is none; never raises on what a policy can write."""
     try:
-        obj = json.loads(body)
+        return json.loads(text), None
     except json.JSONDecodeError as e:
         return None, f"invalid JSON ({e.msg} at char {e.pos})"
+    except ValueError:  # an integer literal past Python's int-from-string limit (4300 digits)
+        return None, f"invalid JSON (an integer of more than {sys.get_int_max_str_digits()} digits)"
+
+
+def _parse_call(body: str, args_as_text: bool = False) -> tuple[ToolCall, None] | tuple[None, str]:
+    """`args_as_text` (a repair): "arguments" given as a string holding a JSON object is that object."""
+    obj, err = _loads(body)
+    if err is not None:
+        return None, err
     if args_as_text and isinstance(obj, dict) and isinstance(obj.get("arguments"), str):
-        try:
-            obj["arguments"] = json.loads(obj["arguments"])
-        except json.JSONDecodeError:
-            pass  # left as it is: the check below reports it
+        args, err = _loads(obj["arguments"])
+        if err is None:  # otherwise left as it is: the check below reports it
+            obj["arguments"] = args
     if not isinstance(obj, dict):
         return None, 'expected a JSON object {"name": ..., "arguments": {...}}'
     missing = [k for k in ("name", "arguments") if k not in obj]
@@ -108,10 +118,9 @@ def _parse_llama3(text: str) -> tuple[str, list[ToolCall], str | None]:
     body = text.strip()
     if not (body.startswith("{") and '"name"' in body):
         return text, [], None
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as e:
-        return text, [], f"tool call: invalid JSON ({e.msg} at char {e.pos})"
+    obj, err = _loads(body)
+    if err is not None:
+        return text, [], f"tool call: {err}"
     if not isinstance(obj, dict) or set(obj) != {"name", "parameters"}:
         return text, [], 'tool call: expected exactly {"name": ..., "parameters": {...}}'
     if not isinstance(obj["name"], str) or not obj["name"] or not isinstance(obj["parameters"], dict):

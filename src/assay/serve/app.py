@@ -189,7 +189,7 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
     raw = await request.body()
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except ValueError as e:  # not JSON, not UTF-8, or an integer past Python's 4300-digit limit
         raise ApiError(400, f"the request body is not JSON ({e}); send a JSON object") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body is a JSON {type(body).__name__}; send a JSON object")

@@ -254,7 +254,7 @@ def add_deployment_routes(app: FastAPI, d: Deployment, authorize: Callable[[Requ
     async def body(request: Request) -> dict[str, Any]:
         try:
             data = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except ValueError as e:  # not JSON, not UTF-8, or an integer past Python's 4300-digit limit
             raise ApiError(400, f"the request body is not JSON ({e}); send a JSON object") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")

@@ -36,8 +36,8 @@ def chat_messages(messages: list[ChatMessage]) -> list[Message]:
         for j, c in enumerate(m.tool_calls or []):
             try:
                 args = json.loads(c.function.arguments or "{}")
-            except json.JSONDecodeError as e:
-                raise ApiError(400, f"messages.{i}.tool_calls.{j}.function.arguments is not JSON ({e.msg}); send the "
+            except ValueError as e:  # JSONDecodeError, or an integer past Python's 4300-digit limit
+                raise ApiError(400, f"messages.{i}.tool_calls.{j}.function.arguments is not JSON ({e}); send the "
                                     "arguments as a JSON object in a string", param=f"messages.{i}.tool_calls") from None
             if not isinstance(args, dict):
                 raise ApiError(400, f"messages.{i}.tool_calls.{j}.function.arguments must be a JSON object",
