@@ -80,7 +80,6 @@ def test_extract_helpers():
     assert extract_answer("x\nAnswer:  42 \nmore") == "42"
     assert extract_answer("no answer") is None
     assert extract_int("Answer: -7") == -7 and extract_int("Answer: 7x") is None
-    assert extract_int("Answer: " + "7" * 5000) is None  # past int()'s digit limit: no answer, not a crash
 
 
 def test_a_tool_call_is_an_error_observation():

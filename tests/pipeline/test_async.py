@@ -273,3 +273,21 @@ def test_verifier_processes_change_no_verdict(tiny_config, tmp_path, monkeypatch
     assert len(pools) == 1 and pools[0].n == 2 and pools[0].closed and pools[0].replaced == 0
     assert set(domains) == {"arith", "no_e"}  # toolcalc's verdict reads its episode: verified in the rollout
     assert not any(v.process.is_alive() for v in pools[0].all)
+
+
+def test_the_evaluations_backend_is_closed_with_the_rollout(tiny_config, tmp_path, monkeypatch):
+    cfg = load_config(tiny_config(name="evals"), ["pipeline.mode=async", "pipeline.max_staleness=1",
+                                                  "train.max_refill_rounds=0", "eval.every=3", "eval.watch_tasks=2"])
+    pipeline = make_pipeline(cfg, tmp_path / "evals")
+    made, closed = [], []
+    real_make = pipeline.make_backend
+
+    def recording(model):
+        backend = real_make(model)
+        monkeypatch.setattr(backend, "close", lambda: closed.append(backend))
+        made.append(backend)
+        return backend
+
+    monkeypatch.setattr(pipeline, "make_backend", recording)
+    pipeline.run()
+    assert len(made) == 1 and closed == made  # one backend for both watch evaluations, closed at the end

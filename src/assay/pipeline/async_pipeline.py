@@ -59,6 +59,7 @@ class AsyncPipeline(SyncPipeline):
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, given: Given | None = None) -> None:
         super().__init__(cfg, run_dir, resume, given)
         self._weights: dict[int, list[tuple[str, Tensor]]] = {}
+        self._eval_backend: RolloutBackend | None = None  # made at the first evaluation; closed with the rollout
         self._lock = threading.Condition()  # guards the mixer, the step counters and the ready batches
         # steps whose batch the trainer has trained / the mixer has seen / whose tasks are drawn
         self._trained = self._seen = self._sampled = self.start_step
@@ -74,7 +75,6 @@ class AsyncPipeline(SyncPipeline):
                               f"{cfg.pipeline.max_staleness} and train.steps {cfg.train.steps} do not continue; "
                               "resume with the run's own max_staleness (or train.steps past those steps)")
         self._sampled = max(self._ready, default=self._sampled)
-        self._eval_backend: RolloutBackend | None = None
         self._failed = threading.Event()  # set when either thread fails: the other stops waiting
         self._error: BaseException | None = None  # the rollout thread's, raised by the trainer
 
@@ -109,6 +109,13 @@ class AsyncPipeline(SyncPipeline):
         # the step just trained (published after); a backend with its own copy (vLLM) takes the weights
         self._eval_backend.update_weights(model.named_parameters(), version=self._seen)
         return self._eval_backend
+
+    def close_rollout(self, wait_s: float = 0) -> None:
+        """The rollout, and the evaluations' backend (its engine's memory and, with vLLM, its process)."""
+        super().close_rollout(wait_s=wait_s)
+        if self._eval_backend is not None:
+            self._eval_backend.close()
+            self._eval_backend = None
 
     def _wait(self, ready: Callable[[], bool], failed: threading.Event) -> None:
         with self._lock:

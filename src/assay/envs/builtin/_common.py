@@ -17,7 +17,7 @@ from assay.core.types import Message, Observation, Reward, ToolCall
 ANSWER_PREFIX = "Answer:"
 # What a prompt says of it, so that a general instruct model knows the format it is graded on.
 ANSWER_FORMAT = "End your reply with a line 'Answer: N', where N is the integer result."
-_INT = re.compile(r"-?\d{1,1000}")  # longer is no answer (and past int()'s 4300-digit limit)
+_INT = re.compile(r"-?\d+")
 _EMPHASIS = "*_`"  # markdown a chat model puts around a label or a value: "**Answer:** 42", "Answer: `42`."
 
 
