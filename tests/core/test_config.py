@@ -20,6 +20,9 @@ def test_defaults_and_overrides():
 @pytest.mark.parametrize("override, expected", [
     ("train.stepz=3", "unknown key 'train.stepz'"),
     ("sft.warmup=5", "sft.warmup is now sft.warmup_steps"),
+    ("domains.1.acceptance=0.9", "domains.1.acceptance is now domains[].difficulty.acceptance"),
+    ("mixer.curriculum_window=8", "mixer.curriculum_window is now domains[].difficulty.window"),
+    ("domains.0.difficulty.regression=0.9", "need regression < acceptance"),
     ("train.steps=abc", "train.steps"),
     ("train.steps=-1", "train.steps: Input should be greater than 0"),
     ("mixer.strategy=greedy", "mixer.strategy"),

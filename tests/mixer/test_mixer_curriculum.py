@@ -49,13 +49,13 @@ def test_between_thresholds_stays():
 
 def test_from_config_and_state_round_trip():
     d = DomainConfig(
-        name="m", env="m", difficulty=DifficultyRange(min=1, max=4, start=2), acceptance=0.9, regression=0.2
+        name="m", env="m", difficulty=DifficultyRange(min=1, max=4, start=2, acceptance=0.9, regression=0.2, window=8)
     )
-    c = Curriculum.from_config(d, window_size=8)
+    c = Curriculum.from_config(d)
     assert (c.min_level, c.max_level, c.level, c.window_size, c.acceptance, c.regression) == (1, 4, 2, 8, 0.9, 0.2)
     c.record(True)
     c.record(False)
-    c2 = Curriculum.from_config(d, window_size=8)
+    c2 = Curriculum.from_config(d)
     c2.load_state_dict(c.state_dict())
     assert c2 == c
 

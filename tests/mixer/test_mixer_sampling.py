@@ -11,13 +11,16 @@ from assay.mixer.mixer import DomainMixer, apply_floor
 from assay.mixer.stats import DomainStep, seesaw_warnings
 
 
-def domain(name: str, weight: float = 1.0, lo: int = 1, hi: int = 3, start: int = 1, **kw) -> DomainConfig:
-    return DomainConfig(
-        name=name, env=name, weight=weight, difficulty=DifficultyRange(min=lo, max=hi, start=start), **kw
-    )
+def domain(name: str, weight: float = 1.0, lo: int = 1, hi: int = 3, start: int = 1, acceptance: float = 0.8,
+           **kw) -> DomainConfig:
+    return DomainConfig(name=name, env=name, weight=weight, **kw,
+                        difficulty=DifficultyRange(min=lo, max=hi, start=start, acceptance=acceptance))
 
 
-def mixer(domains: list[DomainConfig], seed: int = 0, **cfg) -> DomainMixer:
+def mixer(domains: list[DomainConfig], seed: int = 0, window: int | None = None, **cfg) -> DomainMixer:
+    if window is not None:  # every domain's curriculum window
+        domains = [d.model_copy(update={"difficulty": d.difficulty.model_copy(update={"window": window})})
+                   for d in domains]
     envs = {d.name: CountingEnv(d.name) for d in domains}
     return DomainMixer(domains, MixerConfig(**cfg), envs, seed)
 
@@ -48,7 +51,7 @@ def test_sampling_is_deterministic_by_seed():
 
 
 def test_update_stats_by_hand_and_infra_errors_excluded():
-    m = mixer([domain("a"), domain("b")], strategy="static", curriculum_window=8)
+    m = mixer([domain("a"), domain("b")], strategy="static", window=8)
     t = task_of("a")
     trajs = [
         traj(t, True, mask=(0, 1, 1), finish="stop", tool_errors=0),
@@ -80,13 +83,13 @@ def test_update_stats_by_hand_and_infra_errors_excluded():
 
 
 def test_results_from_another_level_do_not_count():
-    m = mixer([domain("a")], curriculum_window=8)
+    m = mixer([domain("a")], window=8)
     m.update([traj(task_of("a", difficulty=2), True), traj(task_of("a", difficulty=1), False)])
     assert m.curricula["a"].window == [False]
 
 
 def test_curriculum_promotes_through_update_and_sample_follows():
-    m = mixer([domain("a", acceptance=0.75)], curriculum_window=4)
+    m = mixer([domain("a", acceptance=0.75)], window=4)
     tasks = m.sample(4)
     assert {t.difficulty for t in tasks} == {1}
     m.update([traj(t, True) for t in tasks])
@@ -130,7 +133,7 @@ def run_updates(m: DomainMixer, rates: dict[str, list[float]], level: dict[str, 
 
 def test_adaptive_moves_towards_progress_away_from_saturated_and_keeps_floor():
     ds = [domain("prog"), domain("sat", lo=1, hi=1), domain("stuck")]
-    m = mixer(ds, strategy="adaptive", floor=0.15, progress_window=2, smoothing=0.5, curriculum_window=1000)
+    m = mixer(ds, strategy="adaptive", floor=0.15, progress_window=2, smoothing=0.5, window=1000)
     start = dict(m.ratios)
     assert start == pytest.approx({"prog": 1 / 3, "sat": 1 / 3, "stuck": 1 / 3})
     run_updates(m, {"prog": [0.0, 0.25, 0.5, 0.75], "sat": [1.0] * 4, "stuck": [0.0] * 4})
@@ -146,7 +149,7 @@ def test_adaptive_moves_towards_progress_away_from_saturated_and_keeps_floor():
 
 def test_saturated_domain_scores_less_than_same_rate_below_max():
     ds = [domain("top", lo=1, hi=1, acceptance=0.8), domain("mid", acceptance=0.95)]
-    m = mixer(ds, strategy="adaptive", progress_window=2, curriculum_window=1000)
+    m = mixer(ds, strategy="adaptive", progress_window=2, window=1000)
     run_updates(m, {"top": [0.875] * 3, "mid": [0.875] * 3})
     assert m.scores() == {"top": 0.875 * 0.125 * 0.1, "mid": 0.875 * 0.125}
     assert m.ratios["mid"] > m.ratios["top"]
@@ -162,7 +165,7 @@ def test_weight_scales_adaptive_and_zero_weight_is_off():
 
 
 def test_seesaw_warning_names_both_domains():
-    m = mixer([domain("a"), domain("b"), domain("c")], progress_window=2, seesaw_margin=0.15, curriculum_window=1000)
+    m = mixer([domain("a"), domain("b"), domain("c")], progress_window=2, seesaw_margin=0.15, window=1000)
     run_updates(m, {"a": [0.75, 0.75, 0.25], "b": [0.25, 0.25, 0.75], "c": [0.5] * 3})
     assert m.seesaw() == []  # not yet a full 2 x window span
     stats = m.update(
@@ -199,7 +202,7 @@ def simulate(m: DomainMixer, steps: int) -> list:
 
 def test_exact_resume_through_json():
     ds = [domain("a"), domain("b", 2), domain("c")]
-    cfg = dict(strategy="adaptive", floor=0.1, progress_window=2, curriculum_window=4, smoothing=0.5)
+    cfg = dict(strategy="adaptive", floor=0.1, progress_window=2, window=4, smoothing=0.5)
     straight = mixer(ds, seed=16, **cfg)  # a seed whose run moves two curricula
     full = simulate(straight, 6)
     first = mixer(ds, seed=16, **cfg)
@@ -213,7 +216,7 @@ def test_exact_resume_through_json():
 
 
 def test_signal_share_counts_groups_whose_rewards_vary():
-    m = mixer([domain("a")], strategy="static", curriculum_window=8)
+    m = mixer([domain("a")], strategy="static", window=8)
     t = task_of("a")
     trajs = [traj(t, True, group="g1"), traj(t, False, group="g1"),  # varies
              traj(t, True, group="g2"), traj(t, True, group="g2"),  # all pass: no signal

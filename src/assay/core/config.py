@@ -4,6 +4,7 @@ Every error is one line naming the key path and what is allowed."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -61,6 +62,13 @@ class DifficultyRange(_Strict):
         "`curriculum`: start at `start`, promote and demote on the rolling pass rate (the domain's `acceptance` "
         "and `regression`); `uniform`: every level of [`min`, `max`] in equal parts for the whole run (the levels "
         "evaluation samples)"))
+    acceptance: float = Field(0.8, gt=0, le=1, description=(
+        "Curriculum: the rolling pass rate that promotes a level; at `max` it marks the domain learned (the "
+        "adaptive mixer stops favouring it)"))
+    regression: float = Field(0.3, ge=0, lt=1, description="Curriculum: the rolling pass rate below which a "
+                                                           "level drops; below `acceptance`")
+    window: int = Field(32, gt=0, description="Curriculum: trajectories in the rolling pass rate (at the current "
+                                              "level only)")
 
     def levels(self, available: Sequence[int]) -> list[int]:
         """The environment's levels that fall in this range."""
@@ -70,6 +78,9 @@ class DifficultyRange(_Strict):
     def _order(self) -> DifficultyRange:
         if not self.min <= self.start <= self.max:
             raise ValueError(f"need min <= start <= max, got {self.min}, {self.start}, {self.max}")
+        if self.regression >= self.acceptance:
+            raise ValueError(f"need regression < acceptance (a level would promote and demote on one pass rate), "
+                             f"got {self.regression} and {self.acceptance}")
         return self
 
 
@@ -134,7 +145,8 @@ class DomainConfig(_Strict):
         "repaired call must still pass its schema and counts as degraded (`degraded_calls`). The sampled tokens "
         "are trained on as sampled"))
     difficulty: DifficultyRange = Field(DifficultyRange(), description=(
-        "The domain's difficulty levels: the range its curriculum moves in, and how"))
+        "The domain's difficulty levels and its curriculum: the range, the schedule, and the pass rates that "
+        "move it (every curriculum setting lives here)"))
     rewards: list[RewardTerm] = Field(default_factory=list, description=(
         "Training reward as a weighted sum of terms, e.g. `[{fn: verifier}, {fn: length, weight: 0.1}, "
         "{fn: mypkg.rewards:polite, weight: 0.5}]`; empty: the verifier's score alone. Each term is logged as "
@@ -145,8 +157,6 @@ class DomainConfig(_Strict):
         "use; process milestones pay only beside a progress milestone (assay.envs.milestones). 0: off, the "
         "default, because a shaped reward is a new surface for reward hacking. Hit rates are logged either way; "
         "`passed` and pass rates never include it"))
-    acceptance: float = Field(0.8, gt=0, le=1, description="Rolling pass rate that promotes difficulty")
-    regression: float = Field(0.3, ge=0, lt=1, description="Rolling pass rate below which difficulty drops")
     env_args: dict[str, Any] = Field({}, description=(
         "Passed to the environment's constructor (e.g. `jsonl`: `path`, `matcher`, `category`)"))
     agent: AgentConfig = Field(AgentConfig(), description=(
@@ -160,7 +170,6 @@ class MixerConfig(_Strict):
     floor: float = Field(0.1, ge=0, lt=1, description="Adaptive: minimum share of every domain")
     progress_window: int = Field(4, gt=0, description="Steps over which learning progress is measured")
     smoothing: float = Field(0.5, ge=0, le=1, description="Adaptive: how fast ratios move towards the target")
-    curriculum_window: int = Field(32, gt=0, description="Trajectories in a domain's rolling pass rate")
     seesaw_margin: float = Field(0.15, ge=0, le=1, description=(
         "A domain's pass-rate fall by more than this over the progress window, while another's rises by more "
         "(each at an unchanged level), raises a warning"))
@@ -534,15 +543,21 @@ def _list_item(items: list[Any], key: str, where: str) -> Any:
 
 
 # keys that were renamed, so that a config written for the old name is told the new one
-RENAMED = {"sft.warmup": "sft.warmup_steps"}  # named as train.warmup_steps is
+# old key -> new key; `domains.*` stands for any domain
+RENAMED = {"sft.warmup": "sft.warmup_steps",  # named as train.warmup_steps is
+           # every curriculum setting in one place, the domain's difficulty
+           "domains.*.acceptance": "domains[].difficulty.acceptance",
+           "domains.*.regression": "domains[].difficulty.regression",
+           "mixer.curriculum_window": "domains[].difficulty.window"}
 
 
 def _format_error(err: ValidationError) -> str:
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"]) or "config"
     if e["type"] == "extra_forbidden":
-        if loc in RENAMED:
-            return f"config: {loc} is now {RENAMED[loc]}; rename the key"
+        pattern = re.sub(r"^domains\.\d+\.", "domains.*.", loc)
+        if pattern in RENAMED:
+            return f"config: {loc} is now {RENAMED[pattern]}; move the key there"
         return f"config: unknown key {loc!r}; check its spelling (see docs/configuration.md)"
     if e["type"] == "missing":
         return f"config: {loc} is required"

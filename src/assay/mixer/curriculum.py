@@ -39,9 +39,9 @@ class Curriculum:
             )
 
     @classmethod
-    def from_config(cls, domain: DomainConfig, window_size: int) -> Curriculum:
+    def from_config(cls, domain: DomainConfig) -> Curriculum:
         d = domain.difficulty
-        return cls(d.min, d.max, d.start, window_size, domain.acceptance, domain.regression)
+        return cls(d.min, d.max, d.start, d.window, d.acceptance, d.regression)
 
     @property
     def pass_rate(self) -> float | None:

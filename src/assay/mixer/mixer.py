@@ -80,7 +80,7 @@ class DomainMixer:
         self.cfg = cfg
         self.envs = dict(envs)
         self.rng = random.Random(seed)
-        self.curricula = {d.name: Curriculum.from_config(d, cfg.curriculum_window) for d in domains}
+        self.curricula = {d.name: Curriculum.from_config(d) for d in domains}
         self.history: dict[str, list[tuple[float, int]]] = {n: [] for n in names}  # (pass rate, level) per update
         self.updates = 0
         self.ratios = self._floored(_normalized({d.name: d.weight for d in domains}))
