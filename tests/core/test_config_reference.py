@@ -72,7 +72,7 @@ def test_reference_lists_every_key_exactly_once() -> None:
 def test_defaults_and_constraints_are_the_models() -> None:
     rows = {m[0]: m[1:] for m in re.findall(r"^\| `([^`]+)` \| (.*?) \| (.*?) \| (.*?) \|", render(), re.MULTILINE)}
     assert rows["train.lr"] == ("float", "`0.0003`", "> 0")
-    assert rows["domains[].acceptance"] == ("float", "`0.8`", "> 0, ≤ 1")
+    assert rows["domains[].difficulty.acceptance"] == ("float", "`0.8`", "> 0, ≤ 1")
     assert rows["domains[].name"] == ("str", "required", "")
     assert rows["rollout.backend"] == ("str", "`engine`", "")  # a registered backend name, checked on load
     assert rows["rollout.gemm"] == ("`auto`, `onednn` or `torch`", "`auto`", "")
