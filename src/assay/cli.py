@@ -842,6 +842,7 @@ def main() -> None:
     # our own progress bars say what is happening; set before transformers is imported (it reads this as it
     # loads), so that a command that never loads a model never imports transformers just to silence it
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF reader draws a bar of its own (plain tqdm)
     if sys.argv[1:2] == ["eval"] and sys.argv[2:3] in (["compare"], ["pin"]):  # `eval` takes a path; these are
         sys.argv[1:3] = [f"eval-{sys.argv[2]}"]                                 # commands of their own
     try:
