@@ -72,6 +72,14 @@ def test_the_gate_fails_a_significant_loss_and_passes_an_equal_candidate(dirs, t
     assert tight.tasks_needed > 16 and f"about {tight.tasks_needed} tasks are needed" in tight.reason
 
 
+def test_a_loss_the_suite_neither_shows_nor_rules_out_is_inconclusive(dirs, tmp_path):
+    records = golden_records(tmp_path, dirs / "stable", dirs / "twin", tasks=16,
+                             passes=lambda who, env, i: [not (who == "candidate" and env == "arith@3" and i < 3)] * 2)
+    gate = load_gate([records], dirs / "stable", dirs / "twin", "float32", 0.15, 0.05)
+    assert gate.verdict == "inconclusive" and not gate.allows_promotion, gate
+    assert gate.mde <= 0.15 and gate.rows[-1].low <= -0.15 < gate.rows[-1].diff < 0 <= gate.rows[-1].high
+
+
 def test_identical_results_on_few_tasks_are_underpowered(dirs, tmp_path):
     """Zero spread has a standard error of 0 at any size; fewer than ln(alpha)/ln(1 - margin) tasks still cannot
     rule out the margin."""

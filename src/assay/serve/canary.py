@@ -271,8 +271,8 @@ def canary(stable: Any, candidate: Any, cfg: CanaryConfig, record: Path | None =
            ) -> Deployment:
     """A deployment of two loaded versions (ServeStates), the stable one current and the candidate in canary
     (rolled back at once when `gate`, the golden suite's, fails); the stable state's app gains the deployment's
-    routes. The candidate shares the stable state's request
-    metrics, so /metrics counts the deployment's requests."""
+    routes. The candidate shares the stable state's request metrics, so /metrics counts the deployment's
+    requests."""
     if stable.model_id != candidate.model_id:
         raise AssayError(f"the canary must be served under the stable version's model id {stable.model_id!r}, "
                          f"not {candidate.model_id!r}")

@@ -22,7 +22,7 @@ from assay.core.errors import AssayError
 from assay.rollout.engine import Engine, EngineConfig
 from assay.serve.app import ServeState, make_app
 from assay.serve.batcher import Batcher
-from assay.serve.canary import CanaryConfig, Deployment, canary
+from assay.serve.canary import CanaryConfig, canary
 from assay.serve.golden import Gate, load_gate
 from assay.serve.metrics import make_metrics
 from assay.serve.profile import ServeProfile
@@ -108,13 +108,14 @@ def _candidate(stable: ServeState, options: ServeOptions, profile: ServeProfile,
     model, tokenizer = load_model(where)
     candidate = build_state(model, tokenizer, stable.model_id, profile, options, version=2, policy_name=str(where))
     cfg = options.canary_config or CanaryConfig()
-    d: Deployment = canary(stable, candidate, cfg, options.deployment_record, gate)
+    record = options.deployment_record
     log.info("canary: version 2 (%s, %s) gets %.0f%% of sessions beside version 1 (%s, %s); rollback on a significant "
              "success-rate loss, promotion when within %.3f (alpha %.3f)%s", where, candidate.version.hash[:19],
              100 * cfg.share, stable.version.name, stable.version.hash[:19], cfg.margin, cfg.alpha,
-             f"; deployment record {d.record}" if d.record else "")
+             f"; deployment record {record}" if record else "")
     if gate is None:
         log.info("canary: promotion by live feedback only (--golden DIR gates it on a golden-suite evaluation too)")
+    canary(stable, candidate, cfg, record, gate)  # logs the gate's verdict, and a failing gate's rollback
     return candidate
 
 
