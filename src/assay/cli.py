@@ -353,7 +353,14 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
                                                "promotion)")] = 0.05,
           margin: Annotated[float, typer.Option(help="the success-rate loss a promotion tolerates")] = 0.1,
           deployment: Annotated[Path | None, typer.Option(help="a JSON file kept with the deployment's versions, "
-                                                          "hashes, pointer and decisions")] = None
+                                                          "hashes, pointer and decisions")] = None,
+          golden: Annotated[list[Path] | None, typer.Option(
+              help="evaluation records of the stable and the candidate policy on one pinned suite (the --out DIR of "
+                   "assay eval SUITE.yaml --policy STABLE --policy CANDIDATE, or the two record directories): the "
+                   "candidate is rolled back at once if significantly worse on it, and promoted only if it passes")
+          ] = None,
+          golden_margin: Annotated[float | None, typer.Option(help="the suite's pass@1 loss a promotion tolerates "
+                                                              "(default: --margin)")] = None
           ) -> None:
     """An OpenAI-compatible API (chat completions, completions, models; /health, /metrics) on Assay's engine."""
     from assay.serve import require_installed
@@ -366,7 +373,8 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
 
     run_server(policy, get_profile(profile), ServeOptions(
         host, port, max_queue, max_batch, api_key_env, log=log, canary=canary, deployment_record=deployment,
-        canary_config=CanaryConfig(share, alpha, margin) if canary is not None else None))
+        canary_config=CanaryConfig(share, alpha, margin) if canary is not None else None,
+        golden=tuple(golden or ()), golden_margin=golden_margin))
 
 
 @app.command()

@@ -10,6 +10,7 @@ from assay.core.config import ModelConfig
 from assay.core.modeling import build_model
 from assay.core.tokenizer import render_messages, train_tokenizer
 from assay.rollout.engine import EngineConfig
+from assay.serve.canary import CanaryConfig, canary
 from assay.serve.profile import STANDARD
 from assay.serve.server import ServeOptions, build_state, start_server
 from assay.serve.session_log import SessionLog
@@ -86,3 +87,23 @@ def logged(policy, tok):
     for server, log in opened:
         server.close()
         log.close()
+
+
+@pytest.fixture
+def deploy(policy, tok):
+    """deploy(candidate_model, record=None, gate=None, **config) -> (server, deployment, candidate_state): the
+    fixture's policy as version 1, the candidate as version 2 in canary; closed after the test."""
+    opened = []
+
+    def start(candidate, record=None, gate=None, **cfg):
+        stable = build_state(policy, tok, MODEL, STANDARD, ServeOptions(), SMALL_ENGINE, policy_name="stable")
+        cand = build_state(candidate, tok, MODEL, STANDARD, ServeOptions(), SMALL_ENGINE, version=2,
+                           policy_name="candidate")
+        d = canary(stable, cand, CanaryConfig(**cfg), record, gate)
+        opened.append((start_server(stable), cand))
+        return opened[-1][0], d, cand
+
+    yield start
+    for server, cand in opened:
+        server.close()
+        cand.batcher.stop()

@@ -1,22 +1,18 @@
 """Canary deployments: the sequential test's error rates and speed (simulated), and real servers: a broken
 candidate (an untrained policy, whose answers the client's check fails) rolled back automatically, a healthy
-one (the same weights) promoted, sticky sessions, feedback refusals, a manual rollback as a pointer flip."""
+one (the same weights) promoted, sticky sessions, feedback refusals, a manual rollback as a pointer flip, and
+`assay serve --canary` with a golden-suite gate."""
 
 import copy
 import json
 import random
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from serve_helpers import CALC, MODEL, SMALL_ENGINE, served_url
+from serve_helpers import drive, golden_records, served_url, versions
 
 from assay.core.errors import AssayError
-from assay.serve.canary import CanaryConfig, bucket, canary, decide, radius
-from assay.serve.profile import STANDARD
-from assay.serve.server import ServeOptions, build_state, start_server
-
-TOOLS = [{"type": "function", "function": CALC.to_json()}]
+from assay.serve.canary import CanaryConfig, bucket, decide, radius
 
 
 def simulate(p_stable: float, p_candidate: float, cfg: CanaryConfig, horizon: int, rng: random.Random,
@@ -74,62 +70,6 @@ def test_a_bad_canary_configuration_is_named():
         CanaryConfig(alpha=0)
 
 
-def question(k: int) -> list[dict]:
-    a, b = k % 80, 7 * (k % 80) % 50  # the tasks the fixture's policy learnt
-    return [{"role": "system", "content": "Use the calc tool."}, {"role": "user", "content": f"What is {a}+{b}?"}]
-
-
-def verdict(body: dict) -> bool:
-    """The client's own check: the answer is one well-formed calc call (the tiny policy learnt the call's form,
-    not the arithmetic; the untrained one never makes it)."""
-    calls = body["choices"][0]["message"].get("tool_calls") or []
-    return (len(calls) == 1 and calls[0]["function"]["name"] == "calc"
-            and isinstance(json.loads(calls[0]["function"]["arguments"]).get("expression"), str))
-
-
-@pytest.fixture
-def deploy(policy, tok):
-    """deploy(candidate_model, **config) -> (server, deployment, candidate_state); closed after the test."""
-    opened = []
-
-    def start(candidate, record=None, **cfg):
-        stable = build_state(policy, tok, MODEL, STANDARD, ServeOptions(), SMALL_ENGINE, policy_name="stable")
-        cand = build_state(candidate, tok, MODEL, STANDARD, ServeOptions(), SMALL_ENGINE, version=2,
-                           policy_name="candidate")
-        d = canary(stable, cand, CanaryConfig(**cfg), record)
-        opened.append((start_server(stable), cand))
-        return opened[-1][0], d, cand
-
-    yield start
-    for server, cand in opened:
-        server.close()
-        cand.batcher.stop()
-
-
-def drive(url: str, d, limit: int, first: int = 0) -> list[tuple[int, bool]]:
-    """Requests from distinct sessions with the client's verdict fed back, until the test decides (or `limit`);
-    the (version, verdict) of each."""
-
-    def one(k: int) -> tuple[int, bool]:
-        messages = question(k)
-        with httpx.Client(base_url=url, timeout=60) as c:
-            r = c.post("/v1/chat/completions", headers={"X-Session-Id": f"user-{k}"}, json={
-                "model": MODEL, "messages": messages, "tools": TOOLS, "temperature": 0, "max_tokens": 32})
-            assert r.status_code == 200, r.text
-            ok = verdict(r.json())
-            f = c.post("/v1/feedback", json={"id": r.json()["id"], "success": ok})
-            assert f.status_code == 200, f.text
-            return int(r.headers["x-assay-version"]), ok
-
-    out: list[tuple[int, bool]] = []
-    with ThreadPoolExecutor(4) as pool:
-        k = first
-        while d.decision == "continue" and k < first + limit:
-            out += pool.map(one, range(k, k + 8))
-            k += 8
-    return out
-
-
 def test_a_broken_candidate_is_rolled_back_automatically(deploy, babbler, tmp_path):
     server, d, _ = deploy(babbler, record=tmp_path / "deployment.json", share=0.5, margin=0.3, min_feedback=10)
     served = drive(server.url, d, limit=200)
@@ -140,19 +80,12 @@ def test_a_broken_candidate_is_rolled_back_automatically(deploy, babbler, tmp_pa
     assert rollback["event"] == "rollback" and rollback["requests"] <= 64, d.history  # within 64 requests
     assert rollback["interval"][1] < 0
     # the pointer is flipped: every session, the candidate's included, is answered by version 1 now
-    assert set(_versions(server.url, range(100, 116))) == {1}
+    assert set(versions(server.url, range(100, 116))) == {1}
     record = json.loads((tmp_path / "deployment.json").read_text())
     assert record["current"] == 1 and [v["hash"] for v in record["versions"]] == [s.version.hash for s in
                                                                                   d.states.values()]
     assert record["versions"][0]["hash"] != record["versions"][1]["hash"]
     assert record["versions"][1]["verdicts"] >= 1 and record["versions"][1]["mean_latency_s"] > 0
-
-
-def _versions(url: str, keys, model: str = MODEL) -> list[int]:
-    with httpx.Client(base_url=url, timeout=60) as c:
-        return [int(c.post("/v1/chat/completions", headers={"X-Session-Id": f"user-{k}"}, json={
-            "model": model, "messages": question(k), "max_tokens": 4, "temperature": 0}).headers["x-assay-version"])
-            for k in keys]
 
 
 def test_a_healthy_candidate_is_promoted_and_a_rollback_is_a_pointer_flip(deploy, policy, tmp_path):
@@ -162,22 +95,23 @@ def test_a_healthy_candidate_is_promoted_and_a_rollback_is_a_pointer_flip(deploy
     assert d.decision == "promote" and d.current == 2, d.status()
     promoted = d.history[-1]
     assert promoted["event"] == "promote" and promoted["requests"] <= 200 and promoted["interval"][0] > -0.5
-    assert _versions(server.url, range(300, 306)) == [2] * 6
+    assert versions(server.url, range(300, 306)) == [2] * 6
     with httpx.Client(base_url=server.url, timeout=60) as c:
         flipped = c.post("/v1/deployment/rollback").json()
         assert flipped["current"] == 1 and flipped["history"][-1]["event"] == "flip"
         status = c.get("/v1/deployment").json()
         assert [v["number"] for v in status["versions"]] == [1, 2]
+        assert status["promotion"] == "live feedback only" and status["golden"] is None  # no --golden
         assert status["versions"][1]["requests"] == sum(v == 2 for v, _ in served) + 6
-    assert _versions(server.url, range(300, 306)) == [1] * 6
+    assert versions(server.url, range(300, 306)) == [1] * 6
 
 
 def test_sessions_are_sticky_and_bad_feedback_is_refused(deploy, policy):
     server, d, _ = deploy(copy.deepcopy(policy), share=0.3)
     keys = [k for k in range(40) if bucket(f"user-{k}") < 0.3][:3] + [k for k in range(40)
                                                                       if bucket(f"user-{k}") >= 0.3][:3]
-    first = _versions(server.url, keys)
-    assert first == [2, 2, 2, 1, 1, 1] and _versions(server.url, keys) == first
+    first = versions(server.url, keys)
+    assert first == [2, 2, 2, 1, 1, 1] and versions(server.url, keys) == first
     with httpx.Client(base_url=server.url, timeout=60) as c:
         assert c.post("/v1/feedback", json={"id": "chatcmpl-nope", "success": True}).status_code == 404
         bad = c.post("/v1/feedback", json={"id": "x", "success": "yes"})
@@ -197,24 +131,28 @@ def test_assay_serve_with_a_canary_keeps_both_versions_with_their_hashes(policy,
 
     save_model(policy, tok, tmp_path / "stable")
     save_model(babbler, tok, tmp_path / "candidate")
+    # a golden suite too small to tell them apart: it blocks promotion, and both versions serve
+    golden = golden_records(tmp_path, tmp_path / "stable", tmp_path / "candidate", lambda who, env, i: [True], tasks=1)
     proc = subprocess.Popen([sys.executable, "-m", "assay.cli", "serve", str(tmp_path / "stable"), "--port", "0",
                              "--canary", str(tmp_path / "candidate"), "--share", "0.5", "--deployment",
-                             str(tmp_path / "deployment.json"), "--log", str(tmp_path / "log")],
+                             str(tmp_path / "deployment.json"), "--log", str(tmp_path / "log"), "--golden",
+                             str(golden)],
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     output = []
     try:
         url = served_url(proc, output, 240)
-        versions = _versions(url, range(12), str(tmp_path / "stable"))
-        assert set(versions) == {1, 2}
+        answered = versions(url, range(12), str(tmp_path / "stable"))
+        assert set(answered) == {1, 2}
         status = httpx.get(f"{url}/v1/deployment", timeout=30).json()
         assert [(v["number"], v["hash"]) for v in status["versions"]] == [(1, weights_hash(policy)),
                                                                          (2, weights_hash(babbler))]
         assert status["current"] == 1 and status["candidate"] == 2 and status["config"]["share"] == 0.5
+        assert status["golden"]["verdict"] == "underpowered" and status["golden"]["tasks"] == 2
     finally:
         proc.send_signal(signal.SIGINT)
         output.append(proc.communicate(timeout=60)[0])
     assert proc.returncode == 0, "".join(output)
-    assert "canary: version 2" in "".join(output)
+    assert "canary: version 2" in "".join(output) and "may not be promoted: the golden suite" in "".join(output)
     assert json.loads((tmp_path / "deployment.json").read_text())["versions"][1]["hash"] == weights_hash(babbler)
-    assert [t.policy_version for t in read_sessions(str(tmp_path / "log"))] == versions
+    assert [t.policy_version for t in read_sessions(str(tmp_path / "log"))] == answered

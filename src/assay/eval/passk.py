@@ -31,7 +31,7 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
 @dataclass
 class Estimate:
     value: float
-    low: float  # 95% bootstrap interval
+    low: float  # bootstrap interval (95% unless bootstrap_mean was asked for another level)
     high: float
     se: float = 0.0  # task-clustered standard error: the spread of per-task values over sqrt(tasks)
 
@@ -39,12 +39,14 @@ class Estimate:
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
 
 
-def bootstrap_mean(per_task: np.ndarray, rounds: int = 2000, seed: int = 0) -> Estimate:
-    """The mean of per-task values with a 95% interval that resamples tasks, and its standard error."""
+def bootstrap_mean(per_task: np.ndarray, rounds: int = 2000, seed: int = 0, level: float = 0.95) -> Estimate:
+    """The mean of per-task values with a `level` (two-sided, equal tails) interval that resamples tasks, and
+    its standard error."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(per_task), size=(rounds, len(per_task)))
     means = per_task[idx].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
+    tail = 50 * (1 - level)
+    low, high = np.percentile(means, [tail, 100 - tail])
     se = float(per_task.std(ddof=1) / np.sqrt(len(per_task))) if len(per_task) > 1 else 0.0
     return Estimate(float(per_task.mean()), float(low), float(high), se)
 

@@ -19,6 +19,10 @@ difference d = p_candidate - p_stable. The deployment
   verdicts (it is no more than `margin` worse): a candidate worse by more than `margin` is ever promoted
   with probability <= alpha;
 - otherwise continues.
+With a golden-suite gate (`golden.py`, computed from two evaluation records when the deployment starts) a
+failing gate rolls the candidate back at once, and promotion needs the gate's `pass` as well as the live
+test's; the live test may still roll back whatever the gate said. Without one, promotion is by live
+feedback alone, and `GET /v1/deployment` says so.
 Rollback and promotion are pointer flips: no weights move, and every version stays loaded and listed with
 its hash, so `POST /v1/deployment/rollback` flips back to the previous version at any time."""
 
@@ -42,6 +46,7 @@ from fastapi.responses import JSONResponse
 
 from assay.core.atomic import atomic_write
 from assay.core.errors import AssayError
+from assay.serve.golden import Gate
 from assay.serve.protocol import ApiError
 from assay.serve.sessions import Served
 
@@ -132,6 +137,7 @@ class Deployment:
     stats: dict[int, VersionStats] = field(default_factory=dict)
     decision: Decision = "continue"
     history: list[dict[str, Any]] = field(default_factory=list)
+    gate: Gate | None = None  # the golden-suite gate, if the operator asked for one
     served_total: int = 0  # requests completed since the canary began
     _pending: OrderedDict[str, int] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -142,6 +148,20 @@ class Deployment:
             s.observers.append(self.observe)
             s.route = self.pick
         self._event("start", self.current)
+        if self.gate is None or self.candidate is None:
+            return
+        g = self.gate
+        if g.verdict == "fail":
+            log.warning("canary: version %d fails the golden suite %s (%s); rolled back", self.candidate, g.suite,
+                        g.reason)
+            self.candidate, self.decision = None, "rollback"
+            self._event("rollback", self.current, reason=f"golden suite {g.suite}: {g.reason}")
+        elif not g.allows_promotion:
+            log.warning("canary: version %d may not be promoted: the golden suite %s is %s (%s); the live test may "
+                        "still roll it back", self.candidate, g.suite, g.verdict, g.reason)
+        else:
+            log.info("canary: version %d passes the golden suite %s (%s); promotion waits for the live test",
+                     self.candidate, g.suite, g.reason)
 
     # ---- routing and records ----
 
@@ -191,6 +211,13 @@ class Deployment:
                         "rolled back", self.candidate, self.current, *interval)
             self.candidate = None
             self._event("rollback", self.current, interval)
+        elif self.decision == "promote" and self.gate is not None and not self.gate.allows_promotion:
+            self.decision = "continue"  # the live test may still roll back
+            if not any(e["event"] == "promotion_blocked" for e in self.history):
+                log.warning("canary: the live test would promote version %d (success-rate difference in [%.3f, "
+                            "%.3f]); the golden suite (%s) blocks it", self.candidate, *interval, self.gate.verdict)
+                self._event("promotion_blocked", self.current, interval,
+                            f"golden suite {self.gate.suite} {self.gate.verdict}: {self.gate.reason}")
         elif self.decision == "promote":
             log.info("canary: version %d promoted (success-rate difference in [%.3f, %.3f])", self.candidate,
                      *interval)
@@ -212,16 +239,22 @@ class Deployment:
             self._event("flip", to)
             return self.status_locked()
 
-    def _event(self, what: str, current: int, interval: tuple[float, float] | None = None) -> None:
+    def _event(self, what: str, current: int, interval: tuple[float, float] | None = None,
+               reason: str | None = None) -> None:
+        """`interval`: the live test's, when it decided; `reason`: why, when the golden suite decided."""
         verdicts = {n: self.stats[n].canary_verdicts for n in self.states}
         self.history.append({"event": what, "current": current, "time": time.time(), "requests": self.served_total,
-                             "verdicts": verdicts, "interval": list(interval) if interval else None})
+                             "verdicts": verdicts, "interval": list(interval) if interval else None,
+                             "reason": reason})
         self._write()
 
     def status_locked(self) -> dict[str, Any]:
         return {
             "current": self.current, "candidate": self.candidate, "decision": self.decision,
             "config": asdict(self.cfg), "requests": self.served_total,
+            "promotion": "live feedback only" if self.gate is None else f"live feedback and the golden suite "
+                         f"{self.gate.suite} ({self.gate.verdict})",
+            "golden": self.gate.summary() if self.gate is not None else None,
             "versions": [{**asdict(s.version), **self.stats[n].summary()} for n, s in sorted(self.states.items())],
             "history": self.history}
 
@@ -234,16 +267,18 @@ class Deployment:
             atomic_write(self.record, json.dumps(self.status_locked(), indent=1))
 
 
-def canary(stable: Any, candidate: Any, cfg: CanaryConfig, record: Path | None = None) -> Deployment:
-    """A deployment of two loaded versions (ServeStates), the stable one current and the candidate in canary;
-    the stable state's app gains the deployment's routes. The candidate shares the stable state's request
-    metrics, so /metrics counts the deployment's requests."""
+def canary(stable: Any, candidate: Any, cfg: CanaryConfig, record: Path | None = None, gate: Gate | None = None
+           ) -> Deployment:
+    """A deployment of two loaded versions (ServeStates), the stable one current and the candidate in canary
+    (rolled back at once when `gate`, the golden suite's, fails); the stable state's app gains the deployment's
+    routes. The candidate shares the stable state's request metrics, so /metrics counts the deployment's
+    requests."""
     if stable.model_id != candidate.model_id:
         raise AssayError(f"the canary must be served under the stable version's model id {stable.model_id!r}, "
                          f"not {candidate.model_id!r}")
     candidate.metrics = stable.metrics
     d = Deployment({stable.version.number: stable, candidate.version.number: candidate}, stable.version.number,
-                   candidate.version.number, cfg, record)
+                   candidate.version.number, cfg, record, gate=gate)
     stable.extra_routes.append(lambda app, authorize: add_deployment_routes(app, d, authorize))
     return d
 

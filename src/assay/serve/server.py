@@ -22,7 +22,8 @@ from assay.core.errors import AssayError
 from assay.rollout.engine import Engine, EngineConfig
 from assay.serve.app import ServeState, make_app
 from assay.serve.batcher import Batcher
-from assay.serve.canary import CanaryConfig, Deployment, canary
+from assay.serve.canary import CanaryConfig, canary
+from assay.serve.golden import Gate, load_gate
 from assay.serve.metrics import make_metrics
 from assay.serve.profile import ServeProfile
 from assay.serve.session_log import SessionLog
@@ -43,6 +44,8 @@ class ServeOptions:
     canary: Path | None = None  # a candidate policy served to a share of sessions beside the stable one
     canary_config: CanaryConfig | None = None  # share, the sequential test's alpha and margin
     deployment_record: Path | None = None  # a JSON file holding the deployment (versions, hashes, pointer)
+    golden: tuple[Path, ...] = ()  # evaluation records of both policies on one pinned suite: gate the promotion
+    golden_margin: float | None = None  # the pass@1 loss the gate tolerates; None: the canary's margin
 
 
 def policy_dir(policy: Path) -> Path:
@@ -84,7 +87,19 @@ def build_state(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, mode
                       version=PolicyVersion(version, policy_name or model_id, weights_hash(model)), profile=profile.name)
 
 
-def _candidate(stable: ServeState, options: ServeOptions, profile: ServeProfile) -> ServeState:
+def golden_gate_of(stable: Path, options: ServeOptions, profile: ServeProfile) -> Gate | None:
+    """The golden-suite gate `options.golden` asks for, on the stable policy directory and the canary's (before
+    either loads: a mismatched record is refused at once); None without --golden."""
+    if not options.golden:
+        return None
+    if options.canary is None:
+        raise AssayError("--golden gates a canary's promotion: pass --canary CANDIDATE with it")
+    cfg = options.canary_config or CanaryConfig()
+    margin = cfg.margin if options.golden_margin is None else options.golden_margin
+    return load_gate(options.golden, stable, policy_dir(options.canary), profile.engine.weights, margin, cfg.alpha)
+
+
+def _candidate(stable: ServeState, options: ServeOptions, profile: ServeProfile, gate: Gate | None) -> ServeState:
     """Load the canary's policy as version 2 and put both in a deployment."""
     from assay.core.modeling import load_model
 
@@ -93,11 +108,14 @@ def _candidate(stable: ServeState, options: ServeOptions, profile: ServeProfile)
     model, tokenizer = load_model(where)
     candidate = build_state(model, tokenizer, stable.model_id, profile, options, version=2, policy_name=str(where))
     cfg = options.canary_config or CanaryConfig()
-    d: Deployment = canary(stable, candidate, cfg, options.deployment_record)
+    record = options.deployment_record
     log.info("canary: version 2 (%s, %s) gets %.0f%% of sessions beside version 1 (%s, %s); rollback on a significant "
              "success-rate loss, promotion when within %.3f (alpha %.3f)%s", where, candidate.version.hash[:19],
              100 * cfg.share, stable.version.name, stable.version.hash[:19], cfg.margin, cfg.alpha,
-             f"; deployment record {d.record}" if d.record else "")
+             f"; deployment record {record}" if record else "")
+    if gate is None:
+        log.info("canary: promotion by live feedback only (--golden DIR gates it on a golden-suite evaluation too)")
+    canary(stable, candidate, cfg, record, gate)  # logs the gate's verdict, and a failing gate's rollback
     return candidate
 
 
@@ -134,12 +152,13 @@ def serve(policy: Path, profile: ServeProfile, options: ServeOptions) -> None:
     where = policy_dir(policy)
     key_env = options.api_key_env
     api_key(key_env)  # an unset variable fails before the model loads
+    gate = golden_gate_of(where, options, profile)  # and so does a mismatched golden record
     model, tokenizer = load_model(where)
     threads = apply_threads(0, model)
     state = build_state(model, tokenizer, options.model_id or str(policy), profile, options, policy_name=str(where))
     states = [state]
     if options.canary is not None:
-        states.append(_candidate(state, options, profile))
+        states.append(_candidate(state, options, profile, gate))
     sessions = SessionLog(options.log) if options.log else None
     if sessions is not None:
         for s in states:
