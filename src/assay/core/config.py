@@ -114,6 +114,23 @@ class AgentConfig(_Strict):
     compact_at: float = Field(0.9, gt=0, le=1, description=(
         "Compaction: compact when the context passes this share of `max_context` or leaves no room for a whole "
         "turn of `max_new_tokens`; it sheds the oldest turns' tokens until it is below that again"))
+    fallback_tools: dict[str, str] = Field({}, description=(
+        "Declared fallback tools, e.g. `{edit_file: patch}`: a call naming a tool the task does not offer (a "
+        "hallucinated `edit_file`) runs as a call of the tool declared for that name when its arguments pass that "
+        "tool's schema, counted as degraded (`degraded_calls`, and `fallback_calls`); otherwise it is the usual "
+        "unknown-tool error. Each key must be a name the task does not offer, each value a tool it does"))
+
+
+    @field_validator("fallback_tools")
+    @classmethod
+    def _fallbacks(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, tool in v.items():
+            if not name or not tool:
+                raise ValueError(f"fallback_tools: empty tool name in {name!r}: {tool!r}; map a name to a tool")
+            if name == tool:
+                raise ValueError(f"fallback_tools: {name!r} falls back to itself; map a name the task does not "
+                                 "offer to a tool it does, e.g. {edit_file: patch}")
+        return v
 
 
 class DomainConfig(_Strict):
