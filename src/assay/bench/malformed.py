@@ -91,19 +91,15 @@ class MalformedScript:
         return Message("assistant", f"{TOOL_CALL_START}{botch(c, kind)}{TOOL_CALL_END}")  # written as sampled
 
 
-def malformed_script(env: RepoEnv, task: Task, setting: Setting, share: float = SHARE) -> MalformedScript:
+def malformed_script(env: RepoEnv, task: Task, setting: Setting) -> MalformedScript:
     actions = [c for m in env.reference_solution(task) if m.role == "assistant" for c in m.tool_calls]
     rng = random.Random(task.task_id)
-    turn = rng.randrange(len(KINDS))  # kinds go round, from a place of the task's own
+    turn = rng.randrange(len(KINDS))  # kinds go round (those that apply to the call), from the task's own place
     kinds: list[str | None] = []
     for c in actions:
-        if rng.random() >= share:
-            kinds.append(None)
-            continue
-        while botch(c, KINDS[turn % len(KINDS)]) is None:
-            turn += 1
-        kinds.append(KINDS[turn % len(KINDS)])
-        turn += 1
+        fits = [k for k in KINDS if botch(c, k) is not None]
+        kinds.append(fits[turn % len(fits)] if rng.random() < SHARE else None)
+        turn += kinds[-1] is not None
     return MalformedScript(actions, kinds)
 
 

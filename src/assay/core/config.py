@@ -158,9 +158,9 @@ class DomainConfig(_Strict):
         "Training and evaluation run the same loop, so evaluate with the setting you trained with"))
     repair_tool_calls: bool = Field(False, description=(
         "Repair a tool call that does not parse before calling it malformed: unwrap a markdown code fence, "
-        "double-quote single-quoted strings, drop trailing commas, read `arguments` given as a JSON string; the "
-        "repaired call must still pass its schema and counts as degraded (`degraded_calls`). The sampled tokens "
-        "are trained on as sampled"))
+        "double-quote single-quoted strings and bare keys, drop trailing commas, read `arguments` given as a JSON "
+        "string; the repaired call must still pass its schema and counts as degraded (`degraded_calls`). The "
+        "sampled tokens are trained on as sampled"))
     difficulty: DifficultyRange = Field(DifficultyRange(), description=(
         "The domain's difficulty levels and its curriculum: the range, the schedule, and the pass rates that "
         "move it (every curriculum setting lives here)"))
@@ -177,8 +177,8 @@ class DomainConfig(_Strict):
     env_args: dict[str, Any] = Field({}, description=(
         "Passed to the environment's constructor (e.g. `jsonl`: `path`, `matcher`, `category`)"))
     agent: AgentConfig = Field(AgentConfig(), description=(
-        "The agent loop's context handling: mode, memory tool, compaction; training and evaluation run the same "
-        "loop, so evaluate with the setting you trained with"))
+        "The agent loop's context handling (mode, memory tool, compaction) and declared fallback tools; training "
+        "and evaluation run the same loop, so evaluate with the setting you trained with"))
 
 
 class MixerConfig(_Strict):
