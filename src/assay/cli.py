@@ -713,17 +713,22 @@ def bench_agent(policy: Annotated[Path | None, typer.Argument(help="a policy dir
                 tasks: Annotated[int, typer.Option(help="evaluation tasks per domain")] = 32,
                 n: Annotated[int, typer.Option(help="samples per task")] = 8,
                 rounds: Annotated[int, typer.Option(help="alternating rounds of both loops")] = 3,
-                scripted: Annotated[bool, typer.Option(help="instead: the context countermeasures (compaction, "
-                                                            "memory, plan_execute) on and off under scripted "
-                                                            "policies on repo tasks (assay.bench.context)")] = False,
-                per_level: Annotated[int, typer.Option(help="--scripted: repo tasks per level (levels 2 and 4)")] = 4
+                scripted: Annotated[bool, typer.Option(help="instead: the long-horizon countermeasures off and on "
+                                                            "under scripted failures (a wrong early edit, malformed "
+                                                            "calls, overflow, drift) on repo tasks, in one table "
+                                                            "(assay.bench.countermeasures)")] = False,
+                per_level: Annotated[int, typer.Option(help="--scripted: repo tasks per level (levels 2 and 4)")] = 4,
+                failure: Annotated[list[str] | None, typer.Option(help="--scripted: only this failure (repeat it): "
+                                                                       "'wrong early edit', 'malformed calls', "
+                                                                       "overflow, drift")] = None,
                 ) -> None:
     """The lockstep agent loop beside the online one on the quickstart's domains (or a config's); with
-    --scripted, the context countermeasures under scripted overflow and drift."""
+    --scripted, the long-horizon countermeasures against scripted failures, in one table."""
     if scripted:
-        from assay.bench.context import context_table, run_context_bench
+        from assay.bench.countermeasures import FAILURES, run_countermeasures
+        from assay.bench.countermeasures import table as countermeasures_table
 
-        print(context_table(*run_context_bench(tasks_per_level=per_level)))
+        print(countermeasures_table(*run_countermeasures(failure or tuple(FAILURES), per_level=per_level)))
         return
     if policy is None:
         raise typer.BadParameter("assay bench agent POLICY: name a policy directory, or pass --scripted")

@@ -71,6 +71,7 @@ def test_repairs_of_common_malformations_and_nothing_else():
     bodies = [
         '{"name": "calc", "arguments": {"expression": "it\'s \\"1+2\\"",},}',  # trailing commas
         "{'name': 'calc', 'arguments': {'expression': 'it\\'s \"1+2\"'}}",  # single quotes
+        '{name: "calc", arguments: {expression: "it\'s \\"1+2\\""}}',  # unquoted keys
         '```json\n{"name": "calc", "arguments": {"expression": "it\'s \\"1+2\\""}}\n```',  # a fenced block
         '{"name": "calc", "arguments": "{\\"expression\\": \\"it\'s \\\\\\"1+2\\\\\\"\\"}"}',  # arguments as a string
     ]
@@ -83,3 +84,4 @@ def test_repairs_of_common_malformations_and_nothing_else():
     unterminated = '<tool_call>{"name": "calc", "arguments": {"expression": "1}}</tool_call>'
     assert parse_assistant_repaired(unterminated)[1:] == ([], parse_assistant(unterminated)[2], [])
     assert repair_json('{"a": "x, }"}') == '{"a": "x, }"}'  # commas and quotes inside strings are text
+    assert repair_json('{"a": [true, null], b: "c: d"}') == '{"a": [true, null], "b": "c: d"}'  # keys only

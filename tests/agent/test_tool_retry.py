@@ -176,3 +176,36 @@ def test_step_metrics_and_evaluation_report_the_rates(tok):
     row = next(line for line in console.export_text().splitlines() if "│ math" in line)
     cells = [c.strip() for c in row.split("│")[1:-1]]
     assert cells[6:9] == ["0.600 of 5", "0.500 of 2", "1"]  # malformed calls, retries ok, degraded
+
+
+def test_a_declared_fallback_tool_takes_a_hallucinated_call_whose_arguments_fit(tok):
+    import pytest
+    from pydantic import ValidationError
+
+    from assay.core.config import AgentConfig
+    from assay.core.errors import AssayError
+    from assay.mixer.stats import summarize as step_summary
+
+    agent = AgentConfig(fallback_tools={"calculator": "calc"})
+    fits = Message("assistant", "", [ToolCall("calculator", {"expression": "2+3"})])
+    traj, ep, _ = play(tok, [fits, ANSWER], agent=agent)
+    assert traj.passed and ep.calls == [ToolCall("calc", {"expression": "2+3"})]
+    assert traj.messages[2].tool_calls == ep.calls  # recorded as routed, the sampled tokens as sampled
+    assert counters(traj) == (2, 0, 1, 0, 0, 0, 1) and traj.fallback_calls == 1
+    assert step_summary([traj], difficulty=1, ratio=1.0).fallback_calls == 1.0
+
+    misfit = Message("assistant", "", [ToolCall("calculator", {"expr": "2+3"})])  # breaks calc's schema
+    traj, ep, _ = play(tok, [misfit, ANSWER], agent=agent)
+    assert ep.calls == [] and traj.fallback_calls == 0
+    assert [m.content for m in traj.messages if m.role == "tool"] == [
+        "error: unknown tool 'calculator'; known tools: calc"]
+    assert counters(traj) == (2, 1, 1, 1, 0, 0, 0)
+    undeclared, _, _ = play(tok, [fits, ANSWER])  # no declaration: the usual unknown-tool error
+    assert counters(undeclared) == counters(traj) and undeclared.fallback_calls == 0
+
+    with pytest.raises(AssayError, match="'sum', which task 2\\+3 does not offer"):
+        play(tok, [fits, ANSWER], agent=AgentConfig(fallback_tools={"calculator": "sum"}))
+    with pytest.raises(AssayError, match="'calc' is a tool task 2\\+3 offers"):
+        play(tok, [fits, ANSWER], agent=AgentConfig(fallback_tools={"calc": "calculator"}))
+    with pytest.raises(ValidationError, match="falls back to itself"):
+        AgentConfig(fallback_tools={"calc": "calc"})

@@ -11,3 +11,12 @@ def test_rollback_undoes_the_wrong_edit_at_a_cost_in_rounds():
     assert back.milestones["visible_pass"] == [True, True]
     out = table(list(rows.values()))
     assert all(f"| {p} | 2 |" in out for p in POLICIES) and "visible_pass" in out
+
+
+def test_the_same_scripts_through_the_agent_loop_are_the_wrong_edit_rows():
+    from assay.bench.countermeasures import run_countermeasures
+
+    rows, _ = run_countermeasures(("wrong early edit",), per_level=1, levels=(1,))
+    off, back = (r.trajs[0] for r in rows)
+    assert back.passed and back.turns == off.turns + 2  # checkpoint and rollback
+    assert back.finish_reason == off.finish_reason == "stop"

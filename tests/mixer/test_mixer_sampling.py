@@ -73,6 +73,7 @@ def test_update_stats_by_hand_and_infra_errors_excluded():
         ratio=0.5,
         signal_share=1.0,  # one group, rewards 1, 0, 1
         degraded_calls=0.0,  # malformed_rate and retry_success_rate None: no tool-call turns, no retries
+        fallback_calls=0.0,
         peak_context=0.0, compactions=0.0, memory_calls=0.0,
     )
     assert stats.domains["b"].n == 0 and stats.domains["b"].pass_rate is None

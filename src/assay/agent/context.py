@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from transformers import PreTrainedTokenizerBase
 
 from assay.agent.compaction import CompactionRule, TurnBlock, compaction_rule
+from assay.agent.fallback import check_fallbacks
 from assay.agent.memory import NoteStore, offered_tools
 from assay.agent.modes import MODES, Plan, TurnKind, executor_task, planner_task
 from assay.agent.render import observation_ids, prompt_ids
@@ -99,12 +100,14 @@ class ContextState:
 
 def start_context(agent: AgentConfig, task: Task) -> ContextState:
     """A fresh episode's context state; the compaction rule is looked up here, so a misnamed one fails
-    before anything is generated. Memory tools are offered only to tasks that have tools."""
+    before anything is generated, and so is a fallback tool the task cannot use. Memory tools are offered only
+    to tasks that have tools."""
     if agent.mode not in MODES:  # the config's Literal keeps this out; a hand-built AgentConfig may not
         raise AssayError(f"agent.mode: {agent.mode!r} is no mode; use one of {', '.join(MODES)}")
     memory = agent.memory and bool(task.tools)
     notes = NoteStore(agent.note_max_chars, agent.notes_max_chars) if memory else None
     tools = offered_tools(task.tools) if memory else list(task.tools)
+    check_fallbacks(agent.fallback_tools, tools, task.task_id)
     state = ContextState(agent, task, tools, compaction_rule(agent.compaction), notes)
     state.kind = MODES[agent.mode](None)
     return state

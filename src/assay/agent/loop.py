@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from assay.agent.compaction import TurnBlock
 from assay.agent.context import ContextState, start_context
+from assay.agent.fallback import route_fallbacks
 from assay.agent.memory import step_calls
 from assay.agent.parse import parse_repairing, split_reasoning
 from assay.agent.render import observation_ids
@@ -83,6 +84,7 @@ class _Run:
     retries: int = 0
     retry_successes: int = 0
     degraded: int = 0
+    fallbacks: int = 0
     finish: FinishReason = ""  # set when the episode stops acting
     status: Status = OK
     error: str = ""
@@ -142,8 +144,10 @@ def run_episodes(
     is an error result the policy sees and counts as a turn; with `tool_retries` the first that many in
     a row run nothing and answer with the validator's message and a retry prompt instead, outside the
     max_turns budget (see `_take_turn`). With `repair_tool_calls`, a call that does not parse is repaired
-    (agent.parse.repair_json) before it is called malformed. `agent` sets the mode, the memory tool and
-    compaction (agent/context.py); a compaction or a plan_execute turn starts a new token segment.
+    (agent.parse.repair_json) before it is called malformed. `agent` sets the mode, the memory tool,
+    compaction (agent/context.py) and the declared fallback tools (agent/fallback.py: a call naming a tool the
+    task does not offer runs as its fallback's, a degraded call); a compaction or a plan_execute turn starts a
+    new token segment.
     Trajectory.policy_version is the oldest weights version that sampled any of its tokens
     (`policy_version` when nothing was sampled). timings["generate_s"] is the wall time of the batched
     generate calls the episode took part in."""
@@ -278,12 +282,15 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
     fmt = chat_format(tokenizer)
     reasoning, rest = split_reasoning(text, fmt.think_tags)  # calls and the answer come from after </think>
     content, calls, err, repaired = parse_repairing(rest, fmt.tool_calls, job.repair_tool_calls)
+    ctx = r.ctx
+    assert ctx is not None
+    routed = [False] * len(calls)
+    if ctx.kind == "act" and job.agent.fallback_tools:  # recorded as routed, as a repair is recorded repaired
+        calls, routed = route_fallbacks(calls, ctx.tools, job.agent.fallback_tools)
     r.messages.append(Message("assistant", content, calls, reasoning=reasoning))
     if not stopped:  # cut at max_tokens: an unfinished turn is not acted on
         r.finish = "context" if room_limited else "length"
         return
-    ctx = r.ctx
-    assert ctx is not None
     if ctx.kind == "plan":
         _plan_turn(r, calls, err, tokenizer)
         return
@@ -314,9 +321,11 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
         stepped = step_calls(job.episode, calls, job.task.tools, ctx.notes)
         r.timings["tool_s"] += time.perf_counter() - t0
         r.error = r.error or stepped.error
-        # degraded: a repaired call that passed its schema and was acted on (stepping may stop early)
-        r.degraded += sum(fix and bad is None for fix, bad, _ in zip(repaired, invalid, stepped.observations,
-                                                                    strict=False))
+        # degraded: a repaired or fallback-routed call that passed its schema and was acted on (stepping may
+        # stop early)
+        acted = [bad is None for bad, _ in zip(invalid, stepped.observations, strict=False)]
+        r.degraded += sum(ok and (fix or moved) for ok, fix, moved in zip(acted, repaired, routed, strict=False))
+        r.fallbacks += sum(ok and moved for ok, moved in zip(acted, routed, strict=False))
         observations += [(call.name, obs) for call, obs in zip(calls, stepped.observations, strict=False)]
     for name, obs in observations:
         r.tool_errors += int(obs.is_error)
@@ -459,6 +468,7 @@ def _finish(r: _Run, policy_version: int) -> Trajectory:
         retries=r.retries,
         retry_successes=r.retry_successes,
         degraded_calls=r.degraded,
+        fallback_calls=r.fallbacks,
         segment_starts=r.segment_starts,
         peak_context=r.peak,
         compactions=r.ctx.compactions if r.ctx is not None else 0,

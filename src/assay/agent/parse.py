@@ -141,12 +141,24 @@ def _unfence(body: str) -> str:
 
 def repair_json(text: str) -> str:
     """The common near-JSON of a sampled call made JSON, deterministically: single-quoted strings become
-    double-quoted, a comma before a closing bracket is dropped. Text inside double-quoted strings is kept;
-    anything else is left for the JSON parser to reject."""
+    double-quoted, a comma before a closing bracket is dropped, a bare identifier in a key's place (after `{`
+    or `,`, before `:`) is quoted. Text inside double-quoted strings is kept; anything else is left for the
+    JSON parser to reject."""
     out: list[str] = []
     i, n = 0, len(text)
     while i < n:
         c = text[i]
+        if c.isalpha() or c == "_":  # outside strings: a bare word; quoted where it stands as a key
+            j = i + 1
+            while j < n and (text[j].isalnum() or text[j] == "_"):
+                j += 1
+            k = j
+            while k < n and text[k].isspace():
+                k += 1
+            word = text[i:j]
+            out.append(f'"{word}"' if _last_char(out) in ("{", ",") and k < n and text[k] == ":" else word)
+            i = j
+            continue
         if c == '"' or c == "'":  # a string: copied (re-quoted when single-quoted) up to its closing quote
             j, chars = i + 1, []
             while j < n and text[j] != c:
@@ -171,3 +183,11 @@ def repair_json(text: str) -> str:
         out.append(c)
         i += 1
     return "".join(out)
+
+
+def _last_char(pieces: list[str]) -> str:
+    """The last character of the pieces joined, whitespace aside ("" if none)."""
+    for piece in reversed(pieces):
+        if stripped := piece.rstrip():
+            return stripped[-1]
+    return ""

@@ -5,13 +5,18 @@ wrong early edit before that (an operator flipped across the whole package with 
 misread the bug might) and carries on as if it had not; `wrong edit, rollback` takes a checkpoint first,
 sees the tests fail worse after the edit, and rolls back before the patch. The reference is the baseline.
 Scripted, so the numbers measure the environment's mechanics (how often one early mistake sinks an episode
-that then does everything right, what a rollback costs in rounds), not a model's judgement."""
+that then does everything right, what a rollback costs in rounds), not a model's judgement.
+
+`assay bench rollback` plays them at the level of messages (envs.qa.play) and reports the milestones;
+`WRONG_EDIT` is the same scripts through the agent loop, the "wrong early edit" rows of
+`assay bench agent --scripted` (bench/countermeasures.py)."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
 
+from assay.bench.scripted import Failure, Replayed, Setting
 from assay.core.types import Message, Task, ToolCall
 from assay.envs.base import hooks
 from assay.envs.builtin.repo import RepoEnv
@@ -43,6 +48,15 @@ def scripted(env: RepoEnv, task: Task, policy: str) -> Replay:
     else:
         raise ValueError(f"unknown policy {policy!r}; one of {POLICIES}")
     return Replay(policy, turns)
+
+
+def wrong_edit_script(env: RepoEnv, task: Task, setting: Setting) -> Replayed:
+    return Replayed(scripted(env, task, setting.policy).turns)
+
+
+WRONG_EDIT = Failure("wrong early edit", [Setting("off (carry on)", policy="wrong edit, continue"),
+                                          Setting("checkpoint + rollback", policy="wrong edit, rollback")],
+                     wrong_edit_script)
 
 
 @dataclass

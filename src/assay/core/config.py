@@ -114,6 +114,23 @@ class AgentConfig(_Strict):
     compact_at: float = Field(0.9, gt=0, le=1, description=(
         "Compaction: compact when the context passes this share of `max_context` or leaves no room for a whole "
         "turn of `max_new_tokens`; it sheds the oldest turns' tokens until it is below that again"))
+    fallback_tools: dict[str, str] = Field({}, description=(
+        "Declared fallback tools, e.g. `{edit_file: patch}`: a call naming a tool the task does not offer (a "
+        "hallucinated `edit_file`) runs as a call of the tool declared for that name when its arguments pass that "
+        "tool's schema, counted as degraded (`degraded_calls`, and `fallback_calls`); otherwise it is the usual "
+        "unknown-tool error. Each key must be a name the task does not offer, each value a tool it does"))
+
+
+    @field_validator("fallback_tools")
+    @classmethod
+    def _fallbacks(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, tool in v.items():
+            if not name or not tool:
+                raise ValueError(f"fallback_tools: empty tool name in {name!r}: {tool!r}; map a name to a tool")
+            if name == tool:
+                raise ValueError(f"fallback_tools: {name!r} falls back to itself; map a name the task does not "
+                                 "offer to a tool it does, e.g. {edit_file: patch}")
+        return v
 
 
 class DomainConfig(_Strict):
@@ -141,9 +158,9 @@ class DomainConfig(_Strict):
         "Training and evaluation run the same loop, so evaluate with the setting you trained with"))
     repair_tool_calls: bool = Field(False, description=(
         "Repair a tool call that does not parse before calling it malformed: unwrap a markdown code fence, "
-        "double-quote single-quoted strings, drop trailing commas, read `arguments` given as a JSON string; the "
-        "repaired call must still pass its schema and counts as degraded (`degraded_calls`). The sampled tokens "
-        "are trained on as sampled"))
+        "double-quote single-quoted strings and bare keys, drop trailing commas, read `arguments` given as a JSON "
+        "string; the repaired call must still pass its schema and counts as degraded (`degraded_calls`). The "
+        "sampled tokens are trained on as sampled"))
     difficulty: DifficultyRange = Field(DifficultyRange(), description=(
         "The domain's difficulty levels and its curriculum: the range, the schedule, and the pass rates that "
         "move it (every curriculum setting lives here)"))
@@ -160,8 +177,8 @@ class DomainConfig(_Strict):
     env_args: dict[str, Any] = Field({}, description=(
         "Passed to the environment's constructor (e.g. `jsonl`: `path`, `matcher`, `category`)"))
     agent: AgentConfig = Field(AgentConfig(), description=(
-        "The agent loop's context handling: mode, memory tool, compaction; training and evaluation run the same "
-        "loop, so evaluate with the setting you trained with"))
+        "The agent loop's context handling (mode, memory tool, compaction) and declared fallback tools; training "
+        "and evaluation run the same loop, so evaluate with the setting you trained with"))
 
 
 class MixerConfig(_Strict):

@@ -92,12 +92,14 @@ class Trajectory:
     tool_errors: int = 0
     # tool-call reliability (agent loop): turns that tried to call a tool, those whose calls were malformed
     # (unparsable, unknown tool, schema violation), retry prompts the policy was shown, retries answered by a
-    # well-formed turn, and calls acted on only after a repair (the degraded path)
+    # well-formed turn, calls acted on only after a repair or a routing to a declared fallback tool (the degraded
+    # path), and of those the routed ones
     call_turns: int = 0
     malformed_calls: int = 0
     retries: int = 0
     retry_successes: int = 0
     degraded_calls: int = 0
+    fallback_calls: int = 0
     # staged verification: each milestone its environment declares (envs.milestones), in order, and whether
     # the episode reached it; {} where the environment declares none
     milestones: dict[str, bool] = field(default_factory=dict)

@@ -27,10 +27,12 @@ class DomainStep:
     ratio: float  # the sampling share after this update
     signal_share: float | None = None  # share of GRPO groups whose rewards vary (the others teach nothing)
     # tool-call reliability: malformed share of the turns that called a tool, share of retry prompts answered
-    # well-formed, repaired calls per trajectory (None where nothing called a tool, or nothing was retried)
+    # well-formed, degraded calls (repaired or fallback-routed) and fallback-routed ones per trajectory (None
+    # where nothing called a tool, or nothing was retried)
     malformed_rate: float | None = None
     retry_success_rate: float | None = None
     degraded_calls: float | None = None
+    fallback_calls: float | None = None
     # context handling (domain key agent): per trajectory, the largest context a turn saw, compactions, memory calls
     peak_context: float | None = None
     compactions: float | None = None
@@ -79,6 +81,7 @@ def summarize(trajs: Sequence[Trajectory], difficulty: int, ratio: float) -> Dom
         malformed_rate=ratio_of(ok, "malformed_calls", "call_turns"),
         retry_success_rate=ratio_of(ok, "retry_successes", "retries"),
         degraded_calls=mean([float(t.degraded_calls) for t in ok]),
+        fallback_calls=mean([float(t.fallback_calls) for t in ok]),
         peak_context=mean([float(t.peak_context) for t in ok]),
         compactions=mean([float(t.compactions) for t in ok]),
         memory_calls=mean([float(t.memory_calls) for t in ok]),
