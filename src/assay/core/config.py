@@ -535,6 +535,11 @@ def _list_item(items: list[Any], key: str, where: str) -> Any:
 
 # keys that were renamed, so that a config written for the old name is told the new one
 RENAMED = {"sft.warmup": "sft.warmup_steps"}  # named as train.warmup_steps is
+# keys a run config refuses wherever they appear, with the reason: what they would set has no place in training
+REFUSED = {name: "RL rollouts never wait for a person, so a run config has no approvals; approve critical tool "
+                 "calls where episodes act for real: assay eval --critical-tools a,b [--allow-tools ...] "
+                 "[--approvals cli|file:DIR|webhook:URL]"
+           for name in ("approvals", "critical_tools", "allow_tools")}
 
 
 def _format_error(err: ValidationError) -> str:
@@ -543,6 +548,8 @@ def _format_error(err: ValidationError) -> str:
     if e["type"] == "extra_forbidden":
         if loc in RENAMED:
             return f"config: {loc} is now {RENAMED[loc]}; rename the key"
+        if str(e["loc"][-1]) in REFUSED:
+            return f"config: {loc}: {REFUSED[str(e['loc'][-1])]}"
         return f"config: unknown key {loc!r}; check its spelling (see docs/configuration.md)"
     if e["type"] == "missing":
         return f"config: {loc} is required"
