@@ -16,6 +16,7 @@ from assay.core.errors import AssayError
 from assay.core.paths import describe, envqa_store, evals_dir
 
 if TYPE_CHECKING:  # imported lazily at run time: the CLI starts fast
+    from assay.agent.approvals import ApprovalPolicy, Approvals
     from assay.core.config import RolloutConfig
     from assay.core.types import Task
     from assay.envs.base import Environment
@@ -165,7 +166,21 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
                                                "seed, seed+1, …: run-to-run variance")] = 1,
           allow_unchecked: Annotated[list[str] | None, typer.Option(
               help="evaluate this environment (NAME or NAME@VERSION) without a passing QA record; recorded in the "
-                   "record and on its trajectories")] = None) -> None:
+                   "record and on its trajectories")] = None,
+          critical_tools: Annotated[str | None, typer.Option(
+              help="tools whose calls wait for a person's approval, comma-separated (e.g. bash,write); a denial or "
+                   "no decision in time is an error result the policy sees, and the call does not run")] = None,
+          allow_tools: Annotated[str | None, typer.Option(
+              help="the deployment's tool allowlist, comma-separated: a call to any other tool is refused without "
+                   "asking anyone (default: every tool a task offers)")] = None,
+          approvals: Annotated[str | None, typer.Option(
+              help="where a person decides on critical calls: cli (a prompt on this terminal; the default), "
+                   "file:DIR (a file queue) or webhook:URL")] = None,
+          approval_timeout: Annotated[float | None, typer.Option(
+              help="seconds a critical call waits for a decision before it is denied (default 60)")] = None,
+          audit_log: Annotated[Path | None, typer.Option(
+              help="the JSONL file every approval decision is appended to (default: the record directory's "
+                   "approvals.jsonl)")] = None) -> None:
     """pass@k, pass^k and the rest on the evaluation partition, or on a pinned suite; writes a record."""
     import time
 
@@ -191,6 +206,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
     for e in remote:
         e.api_key()  # a named variable that is unset fails here, before anything runs
     out = out or evals_dir() / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    approval = _approval_policy(critical_tools, allow_tools, approvals, approval_timeout, audit_log, out)
     settings: dict[str, Any] = {"backend": backend, "seed": seed, "weights": weights}
     if target.suffix in (".yaml", ".yml"):
         suite, suite_sha = load_suite(target)
@@ -219,6 +235,13 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
                      "max_turns": max_turns, "tool_retries": tool_retries, "repair_tool_calls": repair_tool_calls}
         policies = [target, *(policy or []), *remote]
     settings["temperature"] = temperature
+    gated = None
+    if approval is not None:
+        from assay.agent.approvals import check_critical_offered, open_approvals
+
+        check_critical_offered(approval, {tool.name for t in task_list for tool in t.tools})
+        settings["approvals"] = approval.describe()
+        gated = open_approvals(approval)  # the channel is checked here, before any policy loads
     from assay.envs.qa.enforce import require_checked
 
     args = {d: c.env_args for d, c in domains.items()} if domains else {}
@@ -229,7 +252,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
         rollout = RolloutConfig(backend=backend, weights=weights, **({"kv_cache_mb": kv_cache_mb} if kv_cache_mb else {}))
         runs = [_eval_policy(p, envs, domains, task_list, rollout, n, seed + r, temperature, run,
                              where / f"repeat_{r}" if repeats > 1 else where, {**settings, "seed": seed + r},
-                             (price_prompt, price_completion), html) for r in range(repeats)]
+                             (price_prompt, price_completion), html, gated) for r in range(repeats)]
         if repeats > 1:
             from assay.eval.record import read_record
             from assay.eval.tables import repeats_table
@@ -246,11 +269,34 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, or a 
             console.print(comparison_table(compare(first, read_record(other)), None))
 
 
+def _approval_policy(critical: str | None, allow: str | None, channel: str | None, timeout_s: float | None,
+                     audit: Path | None, out: Path) -> ApprovalPolicy | None:
+    """`assay eval`'s approval options as a policy (its audit log by default in the record directory `out`);
+    None when they set nothing."""
+    from assay.agent.approvals import ApprovalPolicy, tool_names
+
+    critical_names, allowed = tool_names(critical) or frozenset(), tool_names(allow)
+    if not critical_names and (channel is not None or timeout_s is not None):
+        raise AssayError("--approvals and --approval-timeout say how critical calls are approved; name the "
+                         "critical tools with --critical-tools a,b")
+    if critical is not None and not critical_names:
+        raise AssayError("--critical-tools names no tool; give them comma-separated, e.g. --critical-tools bash,write")
+    if not critical_names and allowed is None:
+        if audit is not None:
+            raise AssayError("--audit-log records approval decisions; it needs --critical-tools or --allow-tools")
+        return None
+    return ApprovalPolicy(audit or out / "approvals.jsonl", critical_names, allowed, 60.0 if timeout_s is None else timeout_s, channel or "cli")
+
+
 def _eval_policy(policy: Path | Endpoint, envs: dict[str, Environment], domains: dict[str, DomainConfig],
                  tasks: list[Task],
                  rollout: RolloutConfig, n: int, seed: int, temperature: float, run: Path | None, out: Path,
-                 settings: dict[str, Any], prices: tuple[float, float], html: bool) -> Path:
-    """Evaluate one policy (a checkpoint or an endpoint) on the given tasks, print its tables, write its record."""
+                 settings: dict[str, Any], prices: tuple[float, float], html: bool,
+                 approvals: Approvals | None = None) -> Path:
+    """Evaluate one policy (a checkpoint or an endpoint) on the given tasks, print its tables, write its record;
+    `approvals` gates its tool calls."""
+    from dataclasses import replace
+
     from assay.agent.groups import collect
     from assay.core.modeling import apply_threads, load_model
     from assay.envs.qa.enforce import mark_unchecked
@@ -262,9 +308,12 @@ def _eval_policy(policy: Path | Endpoint, envs: dict[str, Environment], domains:
     from assay.rollout.factory import make_backend
 
     trained = training_task_ids(run) if run is not None else None
+    name = policy if isinstance(policy, Path) else f"{policy.model} at {policy.url}"
+    if approvals is not None:
+        approvals = replace(approvals, actor=str(name))
     if isinstance(policy, Endpoint):
         identity = policy.identity()
-        trajs = run_endpoint_episodes(policy, envs, domains, tasks, n, temperature, seed)
+        trajs = run_endpoint_episodes(policy, envs, domains, tasks, n, temperature, seed, approvals)
     else:
         identity = policy_identity(policy)
         model, tokenizer = load_model(policy)
@@ -279,19 +328,24 @@ def _eval_policy(policy: Path | Endpoint, envs: dict[str, Environment], domains:
             longest = max(len(prompt_ids(tokenizer, t)) + domains[t.domain].max_new_tokens * turns(t) for t in tasks)
             rollout = rollout.model_copy(update={"kv_cache_mb": PagedModel.cache_mb_for(model, longest * n * len(tasks))})
         trajs = collect(make_backend(rollout, model, tokenizer), tokenizer, envs, domains, tasks, samples=n,
-                        temperature=temperature, seed=seed)
+                        temperature=temperature, seed=seed, approvals=approvals)
     mark_unchecked(trajs, settings.get("qa_unchecked", {}))
     ks = sorted({1, *(k for k in (2, 4, 8, 16) if k <= n)})
     results = summarize_domains(tasks, trajs, ks, overall=len(domains) > 1)
     overlap = check_overlap(run, [t.task_id for t in tasks], trained) if run is not None else None
     where = ("evaluation partition, held out from " + str(run) if overlap and overlap.held_out
              else "NOT held out" if overlap else "evaluation partition; pass --run runs/NAME to check it is held out")
-    name = policy if isinstance(policy, Path) else f"{policy.model} at {policy.url}"
     console.print(pass_table(results, ks, title=f"{name}: {len(tasks)} tasks × {n} samples, 95% bootstrap CIs "
                                                 f"({where})"))
     console.print(dimensions_table(results, ks, prices))
     if overlap is not None:
         console.print(overlap.describe())
+    if approvals is not None:
+        approved, denied = sum(t.approved_calls for t in trajs), sum(t.denied_calls for t in trajs)
+        refused = sum(t.refused_calls for t in trajs)
+        console.print(f"approvals: {approved} calls approved, {denied} denied (by a person, a timeout or a failed "
+                      f"channel), {refused} refused (outside the allowlist); every decision is in "
+                      f"{approvals.policy.audit}")
     record = write_record(out, results, identity, envs, {**settings, "held_out": overlap and overlap.describe()}, prices)
     console.print(f"record: {record}")
     if html:

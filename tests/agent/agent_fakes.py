@@ -89,5 +89,30 @@ class ScriptedBackend:
         self.version = version
 
 
+class OnlineScripted(ScriptedBackend):
+    """The online API over the scripted backend: every step finishes what was added since the last."""
+
+    def __init__(self, scripts):
+        super().__init__(scripts)
+        self.pending: list = []
+        self.next_id = 0
+
+    def add_requests(self, requests, on_done=None):
+        ids = list(range(self.next_id, self.next_id + len(requests)))
+        self.next_id += len(requests)
+        self.pending += list(zip(ids, requests, strict=True))
+        return ids
+
+    def add_request(self, request, on_done=None):
+        return self.add_requests([request])[0]
+
+    def step(self):
+        batch, self.pending = self.pending, []
+        return [(rid, res) for (rid, _), res in zip(batch, self.generate([r for _, r in batch]), strict=True)]
+
+    def abort(self, request_id):
+        pass
+
+
 def turn(tok, message: Message) -> tuple[list[int], str]:
     return assistant_ids(tok, message), "stop"

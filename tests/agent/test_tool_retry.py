@@ -3,7 +3,7 @@ degraded path; the tokens stay those sampled, the retry prompt is an observation
 
 from dataclasses import fields
 
-from agent_fakes import FakeEpisode, ScriptedBackend, calc_task, turn
+from agent_fakes import FakeEpisode, OnlineScripted, ScriptedBackend, calc_task, turn
 
 from assay.agent.loop import RETRY_PROMPT, EpisodeJob, run_episodes, run_episodes_online
 from assay.agent.render import observation_ids, prompt_ids
@@ -99,31 +99,6 @@ def test_a_repaired_call_must_still_pass_its_schema(tok):
     tools = [m.content for m in traj.messages if m.role == "tool"]
     assert tools[0] == f"error: calc: invalid expression: 5 is not of type 'string'\n{RETRY_PROMPT}"
     assert counters(traj) == (3, 1, 2, 1, 1, 1, 0)  # parsed after repair, yet malformed: not degraded
-
-
-class OnlineScripted(ScriptedBackend):
-    """The online API over the scripted backend: every step finishes what was added since the last."""
-
-    def __init__(self, scripts):
-        super().__init__(scripts)
-        self.pending: list = []
-        self.next_id = 0
-
-    def add_requests(self, requests, on_done=None):
-        ids = list(range(self.next_id, self.next_id + len(requests)))
-        self.next_id += len(requests)
-        self.pending += list(zip(ids, requests, strict=True))
-        return ids
-
-    def add_request(self, request, on_done=None):
-        return self.add_requests([request])[0]
-
-    def step(self):
-        batch, self.pending = self.pending, []
-        return [(rid, res) for (rid, _), res in zip(batch, self.generate([r for _, r in batch]), strict=True)]
-
-    def abort(self, request_id):
-        pass
 
 
 def test_lockstep_and_online_loops_agree(tok):

@@ -62,6 +62,10 @@ KEY = "sk-test-0123456789abcdef"  # the key model "locked" requires
 class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/approve":  # an approval webhook: every lookup but the scripted policy's bad one
+            self._send(200, json.dumps({"approve": body["arguments"] != {"key": "zz"}, "reason": "zz is no name",
+                                        "by": "reviewer"}).encode())
+            return
         sent = self.headers.get("Authorization", "").removeprefix("Bearer ")
         ping = body["messages"][-1]["content"] == "ping"
         if (body.get("model") == "locked" and sent != KEY) or (body.get("model") == "leaky" and not ping):
@@ -71,6 +75,9 @@ class _Handler(BaseHTTPRequestHandler):
             data, code = json.dumps({"error": {"message": "no such model"}}).encode(), 404
         else:
             data, code = json.dumps(_reply(body)).encode(), 200
+        self._send(code, data)
+
+    def _send(self, code: int, data: bytes) -> None:
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -160,3 +167,25 @@ def test_the_api_key_comes_from_the_named_variable_and_is_never_printed_or_recor
     for path in files:
         text = pd.read_parquet(path).to_json() if path.suffix == ".parquet" else path.read_text(errors="replace")
         assert KEY not in text and wrong not in text, path
+
+
+def test_critical_calls_wait_for_the_webhook_and_a_denied_one_never_runs(server, tmp_path):
+    suite = tmp_path / "toolcalc.yaml"
+    suite.write_text("name: toolcalc\nsamples: 2\nlimits: {max_turns: 5, max_new_tokens: 48}\n"
+                     "entries:\n- {env: toolcalc@3, tasks: 2, hash: 63a4221c16af}\n")
+    hook = server.removesuffix("/v1") + "/approve"
+    out = assay("eval", str(suite), "--endpoint", server, "--model", "scripted", "--critical-tools", "lookup",
+                "--approvals", f"webhook:{hook}", "--approval-timeout", "5", "--out", str(tmp_path / "rec"))
+    assert out.returncode == 0, out.stderr
+    record = read_record(tmp_path / "rec")
+    metrics = record["domains"]["toolcalc@3"]["metrics"]
+    # each episode's bad lookup is denied (an error result it recovers from), its real lookups approved and run
+    assert metrics["pass_at"]["1"]["value"] == 1.0 and metrics["denied_calls"] == 4
+    assert metrics["approved_calls"] >= 4 and metrics["refused_calls"] == 0
+    lines = [json.loads(line) for line in (tmp_path / "rec" / "approvals.jsonl").read_text().splitlines()]
+    assert len(lines) == metrics["approved_calls"] + metrics["denied_calls"]
+    assert {(d["arguments"]["key"] == "zz", d["verdict"], d["by"]) for d in lines} == {
+        (True, "denied", "reviewer"), (False, "approved", "reviewer")}
+    trajs = pd.read_parquet(tmp_path / "rec" / "trajectories")
+    assert all("error: denied by approver: zz is no name; lookup was not run" in m for m in trajs["messages"])
+    assert record["settings"]["approvals"]["critical"] == ["lookup"]

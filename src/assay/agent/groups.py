@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from assay.agent.approvals import Approvals
 from assay.agent.loop import VERIFY_WORKERS, EpisodeJob, run_episodes, run_episodes_online
 from assay.core.config import DomainConfig
 from assay.core.errors import AssayError
@@ -23,14 +24,15 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
             tasks: Sequence[Task], samples: int | None, temperature: float, top_p: float = 1.0, top_k: int = 0,
             policy_version: int = 0, seed: int | None = None, group_prefix: str = "",
             online: bool = False, first: int = 0, verifiers: int = VERIFY_WORKERS,
-            verifier_pool: VerifierPool | None = None) -> list[Trajectory]:
+            verifier_pool: VerifierPool | None = None, approvals: Approvals | None = None) -> list[Trajectory]:
     """`samples` per task (None: each domain's group_size). Returns trajectories in task order,
     a group's samples together, each group sharing a `group_id`. Without `online`, the agent loop runs
     per domain, every episode of a domain taking its turns in lockstep; with it (the engine only),
     the episodes of every domain share one batch and each advances on its own. `first`: where `tasks`
     start in a larger batch split over several workers, so that group ids stay distinct across the
     parts (0: the whole batch, as one worker sees it). `verifiers`: episodes verified at once;
-    `verifier_pool`: where the episodes of environments that verify anywhere are verified (None: here)."""
+    `verifier_pool`: where the episodes of environments that verify anywhere are verified (None: here);
+    `approvals`: the deployment's allowlist and critical tools (evaluation only: RL never waits for a person)."""
     if online and not isinstance(backend, OnlineBackend):
         raise AssayError("pipeline.online needs a backend that admits requests while it runs "
                          "(rollout.backend: engine or vllm)")
@@ -50,7 +52,7 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
             for k, task in enumerate(task for _, task in items for _ in range(n)):
                 jobs[name].append(EpisodeJob(task, acting_episode(envs[name], task, pool), params, dom.max_turns,
                                              dom.max_context, k, dom.time_limit_s, dom.verify_timeout_s, pool,
-                                             dom.tool_retries, dom.repair_tool_calls, dom.agent))
+                                             dom.tool_retries, dom.repair_tool_calls, dom.agent, approvals))
         if online:
             waiting = {}
             flat = run_episodes_online(backend, [j for js in jobs.values() for j in js], tokenizer, policy_version,
@@ -65,7 +67,7 @@ def collect(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment
                 j = js[0]
                 done[name] = run_episodes(backend, [(j.task, j.episode) for j in js], tokenizer, j.params, j.max_turns,
                                           j.max_context, policy_version, j.time_limit_s, j.verify_timeout_s, verifiers,
-                                          j.verifier, j.tool_retries, j.repair_tool_calls, j.agent)
+                                          j.verifier, j.tool_retries, j.repair_tool_calls, j.agent, j.approvals)
     except BaseException:
         close_episodes([j.episode for js in waiting.values() for j in js])
         raise

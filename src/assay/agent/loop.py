@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
+from assay.agent.approvals import ApprovalCounts, Approvals
 from assay.agent.compaction import TurnBlock
 from assay.agent.context import ContextState, start_context
 from assay.agent.fallback import route_fallbacks
@@ -65,6 +66,7 @@ class EpisodeJob:
     tool_retries: int = 0  # malformed turns in a row answered with a retry prompt, outside max_turns
     repair_tool_calls: bool = False  # repair calls that do not parse (the degraded path)
     agent: AgentConfig = field(default_factory=AgentConfig)  # mode, memory tool, compaction
+    approvals: Approvals | None = None  # allowlist and critical tools (agent.approvals); never in RL rollouts
 
 
 @dataclass
@@ -97,6 +99,7 @@ class _Run:
     segment_starts: list[int] = field(default_factory=list)
     peak: int = 0  # the largest context a turn saw
     plan_turns: int = 0
+    approvals: ApprovalCounts = field(default_factory=ApprovalCounts)
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.ids += ids
@@ -129,6 +132,7 @@ def run_episodes(
     tool_retries: int = 0,
     repair_tool_calls: bool = False,
     agent: AgentConfig | None = None,
+    approvals: Approvals | None = None,
 ) -> list[Trajectory]:
     """Act out every (task, episode) to the end and verify it (in `verifier` when given);
     one trajectory per item, in order.
@@ -148,11 +152,14 @@ def run_episodes(
     compaction (agent/context.py) and the declared fallback tools (agent/fallback.py: a call naming a tool the
     task does not offer runs as its fallback's, a degraded call); a compaction or a plan_execute turn starts a
     new token segment.
+    `approvals` gates each valid call (agent/approvals.py): one outside the allowlist, or a critical one a
+    person denies, runs nothing and is an error result; when calls may wait for a person, the episodes of a
+    turn act on threads of their own, so that their waits overlap.
     Trajectory.policy_version is the oldest weights version that sampled any of its tokens
     (`policy_version` when nothing was sampled). timings["generate_s"] is the wall time of the batched
     generate calls the episode took part in."""
     jobs = [EpisodeJob(task, episode, params, max_turns, max_context, i, time_limit_s, verify_timeout_s, verifier,
-                       tool_retries, repair_tool_calls, agent or AgentConfig())
+                       tool_retries, repair_tool_calls, agent or AgentConfig(), approvals)
             for i, (task, episode) in enumerate(items)]
     runs: list[_Run] = []
     try:
@@ -165,9 +172,14 @@ def run_episodes(
             dt = time.perf_counter() - t0
             if len(results) != len(reqs) or any(len(res) != 1 for res in results):
                 raise AssayError("run_episodes: the backend must return exactly one result per request (n=1)")
-            for r, res in zip(active, results, strict=True):
+            for r in active:
                 r.timings["generate_s"] += dt
-                _take_turn(r, res[0], tokenizer)
+            if approvals is not None and approvals.waits and len(active) > 1:
+                with ThreadPoolExecutor(len(active)) as pool:  # a wait for a person holds up no other episode
+                    list(pool.map(lambda r, res: _take_turn(r, res[0], tokenizer), active, results))
+            else:
+                for r, res in zip(active, results, strict=True):
+                    _take_turn(r, res[0], tokenizer)
         # Verification is independent per episode and mostly waits on sandboxes: run it concurrently.
         with ThreadPoolExecutor(max_workers=min(verifiers, len(runs)) or 1) as pool:
             return list(pool.map(lambda r: _finish(r, policy_version), runs))
@@ -191,7 +203,11 @@ def run_episodes_online(
     to float rounding: the two loops batch sequences differently, and a GEMM's rounding can depend on
     its batch size (tested equal where the batches stay small; `assay bench agent` reports how many
     trajectories agree on a real policy).
-    timings["generate_s"] is the time from a turn's submission to its last token."""
+    timings["generate_s"] is the time from a turn's submission to its last token. Where a job's calls may
+    wait for a person (approvals), every episode gets a tool thread, so that one waiting for a decision
+    holds up no other."""
+    if any(job.approvals is not None and job.approvals.waits for job in jobs):
+        tool_workers = max(tool_workers, len(jobs))
     runs: list[_Run] = []
     try:
         for job in jobs:
@@ -318,7 +334,8 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
         if err is not None:
             observations.append((None, Observation(f"error: {err}", is_error=True)))
         t0 = time.perf_counter()
-        stepped = step_calls(job.episode, calls, job.task.tools, ctx.notes)
+        gate = job.approvals.gate(job.task, job.stream, r.approvals) if job.approvals is not None else None
+        stepped = step_calls(job.episode, calls, job.task.tools, ctx.notes, gate)
         r.timings["tool_s"] += time.perf_counter() - t0
         r.error = r.error or stepped.error
         # degraded: a repaired or fallback-routed call that passed its schema and was acted on (stepping may
@@ -475,6 +492,9 @@ def _finish(r: _Run, policy_version: int) -> Trajectory:
         memory_calls=r.ctx.notes.calls if r.ctx is not None and r.ctx.notes is not None else 0,
         memory_errors=r.ctx.notes.errors if r.ctx is not None and r.ctx.notes is not None else 0,
         plan_turns=r.plan_turns,
+        approved_calls=r.approvals.approved,
+        denied_calls=r.approvals.denied,
+        refused_calls=r.approvals.refused,
         finish_reason=r.finish,
         reward=reward,
         passed=passed,

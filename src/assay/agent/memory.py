@@ -7,7 +7,7 @@ the policy can act on (shorten it, or overwrite an old note), never a crash and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from assay.core.errors import AssayError
@@ -92,15 +92,19 @@ class NoteStore:
         return Observation("\n".join(lines) + more)
 
 
-def step_calls(episode: Episode, calls: Sequence[ToolCall], env_tools: Sequence[ToolSpec], notes: NoteStore | None
-               ) -> Stepped:
-    """`step_episode`, with the memory tools' calls answered from `notes` in their place in the turn."""
-    if notes is None:
+def step_calls(episode: Episode, calls: Sequence[ToolCall], env_tools: Sequence[ToolSpec], notes: NoteStore | None,
+               gate: Callable[[ToolCall], Observation | None] | None = None) -> Stepped:
+    """`step_episode`, with the memory tools' calls answered from `notes` in their place in the turn, and each
+    valid call to an environment tool first put to `gate` (agent.approvals): what it returns is shown in the
+    call's place instead, and the call does not run."""
+    if notes is None and gate is None:
         return step_episode(episode, calls, env_tools)
     out = Stepped([])
     for call in calls:
-        if call.name in MEMORY_NAMES:
+        if notes is not None and call.name in MEMORY_NAMES:
             obs = notes.handle(call)
+        elif gate is not None and validate_call(call, env_tools) is None and (refused := gate(call)) is not None:
+            obs = refused  # an invalid call is answered by the validator, never put to a person
         else:
             stepped = step_episode(episode, [call], env_tools)
             out.error = out.error or stepped.error

@@ -566,6 +566,11 @@ RENAMED = {"sft.warmup": "sft.warmup_steps",  # named as train.warmup_steps is
            "domains.*.acceptance": "domains[].difficulty.acceptance",
            "domains.*.regression": "domains[].difficulty.regression",
            "mixer.curriculum_window": "domains[].difficulty.window"}
+# keys a run config refuses wherever they appear, with the reason: what they would set has no place in training
+REFUSED = {name: "RL rollouts never wait for a person, so a run config has no approvals; approve critical tool "
+                 "calls where episodes act for real: assay eval --critical-tools a,b [--allow-tools ...] "
+                 "[--approvals cli|file:DIR|webhook:URL]"
+           for name in ("approvals", "critical_tools", "allow_tools")}
 
 
 def _format_error(err: ValidationError) -> str:
@@ -575,6 +580,8 @@ def _format_error(err: ValidationError) -> str:
         pattern = re.sub(r"^domains\.\d+\.", "domains.*.", loc)
         if pattern in RENAMED:
             return f"config: {loc} is now {RENAMED[pattern]}; move the key there"
+        if str(e["loc"][-1]) in REFUSED:
+            return f"config: {loc}: {REFUSED[str(e['loc'][-1])]}"
         return f"config: unknown key {loc!r}; check its spelling (see docs/configuration.md)"
     if e["type"] == "missing":
         return f"config: {loc} is required"

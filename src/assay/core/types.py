@@ -113,6 +113,11 @@ class Trajectory:
     memory_calls: int = 0
     memory_errors: int = 0
     plan_turns: int = 0
+    # approvals (agent.approvals, evaluation only): critical calls a person approved; calls denied (by a person,
+    # a timeout or a failed channel) and calls outside the deployment's allowlist, neither of which ran
+    approved_calls: int = 0
+    denied_calls: int = 0
+    refused_calls: int = 0
     finish_reason: FinishReason = ""
     reward: float = 0.0
     passed: bool = False

@@ -13,11 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from assay.agent.approvals import ApprovalCounts, Approvals
+from assay.agent.memory import step_calls
 from assay.core.config import DomainConfig
 from assay.core.errors import AssayError
 from assay.core.types import OK, ROLLOUT_ERROR, VERIFIER_ERROR, Message, Observation, Task, ToolCall, Trajectory
 from assay.envs.base import Environment, hooks
-from assay.envs.episode import close_episode, start_episode, step_episode
+from assay.envs.episode import close_episode, start_episode
 from assay.envs.milestones import mark_milestones
 
 CONCURRENCY = 8  # episodes in flight against the server
@@ -102,8 +104,10 @@ def _wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 
 def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainConfig, temperature: float,
-             seed: int | None) -> Trajectory:
+             seed: int | None, approvals: Approvals | None = None, sample: int = 0) -> Trajectory:
     episode = start_episode(env, task)
+    counts = ApprovalCounts()
+    gate = approvals.gate(task, sample, counts) if approvals is not None else None
     messages = list(task.prompt)
     tools = [{"type": "function", "function": spec.to_json()} for spec in task.tools]
     usage = {"prompt_tokens": 0, "completion_tokens": 0}
@@ -139,7 +143,7 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
             if i in unreadable:
                 observations.append(Observation(unreadable[i], is_error=True))
                 continue
-            stepped = step_episode(episode, [call], task.tools)
+            stepped = step_calls(episode, [call], task.tools, None, gate)
             observations += stepped.observations
             error = error or stepped.error
             if stepped.observations[0].status != OK or stepped.observations[0].done:
@@ -167,7 +171,8 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
     if error:
         info["error"] = error
     traj = Trajectory(task=task, messages=messages, token_ids=[], loss_mask=[], logprobs=[],
-                      prompt_len=0, turns=turns, tool_errors=tool_errors, finish_reason=finish,
+                      prompt_len=0, turns=turns, tool_errors=tool_errors, approved_calls=counts.approved,
+                      denied_calls=counts.denied, refused_calls=counts.refused, finish_reason=finish,
                       reward=reward if status == OK else 0.0, passed=passed and status == OK, reward_info=info,
                       status=status, env_hash=task.env_hash, usage=usage,
                       timings={"generate_s": time.perf_counter() - t0})
@@ -176,15 +181,19 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
 
 
 def run_endpoint_episodes(endpoint: Endpoint, envs: dict[str, Environment], domains: dict[str, DomainConfig],
-                          tasks: Sequence[Task], n: int, temperature: float, seed: int | None) -> list[Trajectory]:
-    """n episodes per task against the endpoint, in task order, a task's samples sharing a group id."""
+                          tasks: Sequence[Task], n: int, temperature: float, seed: int | None,
+                          approvals: Approvals | None = None) -> list[Trajectory]:
+    """n episodes per task against the endpoint, in task order, a task's samples sharing a group id; with
+    `approvals`, each valid call is gated as in the agent loop (agent/approvals.py), and the episodes that wait
+    for a person (up to CONCURRENCY at once) hold up none of the others."""
     check_reachable(endpoint)
     client = endpoint.client()
     jobs = [(i, task, k) for i, task in enumerate(tasks) for k in range(n)]
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         trajs = list(pool.map(lambda job: _episode(client, endpoint.model, envs[job[1].domain], job[1],
                                                    domains[job[1].domain], temperature,
-                                                   None if seed is None else seed + job[2]), jobs))
+                                                   None if seed is None else seed + job[2], approvals,
+                                                   job[0] * n + job[2]), jobs))
     for (i, task, _), t in zip(jobs, trajs, strict=True):
         t.group_id = f"{i}:{task.task_id}"
         if "error" in t.reward_info:  # a server's error text, recorded: never with the key in it

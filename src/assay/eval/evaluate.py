@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from assay.agent.approvals import Approvals
 from assay.agent.groups import collect
 from assay.core.config import DomainConfig
 from assay.core.errors import AssayError
@@ -69,6 +70,9 @@ class DomainEval:
     retries: int = 0  # retry prompts shown (domain tool_retries)
     retry_successes: int = 0  # answered by a well-formed turn
     degraded_calls: int = 0  # calls acted on after a repair (domain repair_tool_calls)
+    approved_calls: int = 0  # approvals (agent.approvals): critical calls a person approved
+    denied_calls: int = 0  # denied by a person, a timeout or a failed channel: not run
+    refused_calls: int = 0  # outside the deployment's allowlist: not run
     prompt_tokens: float = 0.0  # mean per episode: prompt and observations
     completion_tokens: float = 0.0  # mean per episode (sampled tokens)
     latency_p50: float = 0.0  # seconds per episode: generation + tools + verification
@@ -142,6 +146,9 @@ def summarize(domain: str, trajs: Sequence[Trajectory], ks: Sequence[int]) -> Do
     result.retries = sum(t.retries for t in ok)
     result.retry_successes = sum(t.retry_successes for t in ok)
     result.degraded_calls = sum(t.degraded_calls for t in ok)
+    result.approved_calls = sum(t.approved_calls for t in ok)
+    result.denied_calls = sum(t.denied_calls for t in ok)
+    result.refused_calls = sum(t.refused_calls for t in ok)
     result.prompt_tokens = sum(t.prompt_tokens for t in ok) / len(ok)
     result.completion_tokens = sum(t.completion_tokens for t in ok) / len(ok)
     latency = np.array([sum(t.timings.values()) for t in ok])
@@ -152,17 +159,19 @@ def summarize(domain: str, trajs: Sequence[Trajectory], ks: Sequence[int]) -> Do
 def evaluate_tasks(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment],
                    domains: dict[str, DomainConfig], tasks: Sequence[Task], n: int, seed: int, temperature: float = 1.0,
                    ks: Sequence[int] = (1, 4, 8), overall: bool = False, *, allow_unchecked: Collection[str] = (),
-                   stores: Sequence[Path] | None = None) -> dict[str, DomainEval]:
+                   stores: Sequence[Path] | None = None, approvals: Approvals | None = None) -> dict[str, DomainEval]:
     """n samples of every task (task.domain names its entry in `envs` and `domains`), summarized per
     domain and, with `overall`, over all of them as "overall". Refuses an environment without a passing
     QA record (in `stores`, default `record_stores()`) that `allow_unchecked` does not name; the
-    trajectories of one it names carry reward_info["qa_unchecked"]."""
+    trajectories of one it names carry reward_info["qa_unchecked"]. `approvals` gates the episodes'
+    tool calls (agent/approvals.py: `open_approvals(ApprovalPolicy(...))`)."""
     from assay.envs.qa.enforce import mark_unchecked, require_checked
 
     used = {t.domain for t in tasks}
     unchecked = require_checked({d: e for d, e in envs.items() if d in used}, allow_unchecked, stores,
                                 {d: c.env_args for d, c in domains.items()})
-    trajs = collect(backend, tokenizer, envs, domains, tasks, samples=n, temperature=temperature, seed=seed)
+    trajs = collect(backend, tokenizer, envs, domains, tasks, samples=n, temperature=temperature, seed=seed,
+                    approvals=approvals)
     mark_unchecked(trajs, unchecked)
     return summarize_domains(tasks, trajs, ks, overall)
 
@@ -181,10 +190,10 @@ def summarize_domains(tasks: Sequence[Task], trajs: Sequence[Trajectory], ks: Se
 def evaluate(backend: RolloutBackend, tokenizer: Any, envs: dict[str, Environment], domains: dict[str, DomainConfig],
              tasks_per_domain: int, n: int, seed: int, temperature: float = 1.0,
              ks: Sequence[int] = (1, 4, 8), overall: bool = False, *, allow_unchecked: Collection[str] = (),
-             stores: Sequence[Path] | None = None) -> dict[str, DomainEval]:
+             stores: Sequence[Path] | None = None, approvals: Approvals | None = None) -> dict[str, DomainEval]:
     """Each domain's evaluation-partition suite (`eval_tasks`); refused, as `evaluate_tasks` says, for an
-    environment with no passing QA record that `allow_unchecked` does not name."""
+    environment with no passing QA record that `allow_unchecked` does not name; `approvals` as there."""
     tasks = [t for name, dom in domains.items()
              for t in eval_tasks(envs[name], name, tasks_per_domain, seed, dom.difficulty.levels(envs[name].difficulties))]
     return evaluate_tasks(backend, tokenizer, envs, domains, tasks, n, seed, temperature, ks, overall,
-                          allow_unchecked=allow_unchecked, stores=stores)
+                          allow_unchecked=allow_unchecked, stores=stores, approvals=approvals)

@@ -65,7 +65,8 @@ def metrics(r: DomainEval, prices: tuple[float, float] = (0.0, 0.0)) -> dict[str
         "tool_calls": r.tool_calls, "tool_error_rate": r.tool_error_rate, "recovery_rate": r.recovery_rate,
         "episodes_with_tool_error": r.with_tool_error, "call_turns": r.call_turns,
         "malformed_rate": r.malformed_rate, "retries": r.retries, "retry_success_rate": r.retry_success_rate,
-        "degraded_calls": r.degraded_calls, "prompt_tokens": r.prompt_tokens,
+        "degraded_calls": r.degraded_calls, "approved_calls": r.approved_calls, "denied_calls": r.denied_calls,
+        "refused_calls": r.refused_calls, "prompt_tokens": r.prompt_tokens,
         "completion_tokens": r.completion_tokens, "latency_p50_s": r.latency_p50, "latency_p95_s": r.latency_p95,
         "cost_per_episode": r.cost(*prices), "prices_per_mtok": list(prices),
     }
