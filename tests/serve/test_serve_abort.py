@@ -30,8 +30,16 @@ def test_a_stream_whose_client_disconnects_is_aborted(serve_babbler):
     assert server.state.batcher.engine.blocks.num_free == len(server.state.batcher.engine.blocks.blocks)
 
 
-def test_a_waiting_request_whose_client_gives_up_is_aborted(serve_babbler):
+def test_a_waiting_request_whose_client_gives_up_is_aborted(serve_babbler, monkeypatch):
     server = serve_babbler()
+    engine = server.state.batcher.engine
+    step = engine.step
+
+    def slow_step():  # at least 2 ms a token: 1000 tokens outlast the client's 0.5 s on any CPU
+        time.sleep(0.002)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
     with httpx.Client(base_url=server.url, timeout=0.5) as c:
         try:
             c.post("/v1/completions", json=LONG)
