@@ -46,14 +46,18 @@ def test_a_history_that_overflows_the_window_completes_with_compaction_and_ends_
     on, policy, ep = play(tok, reader(6), ELIDE, max_context=700)
     assert (on.finish_reason, on.passed) == ("stop", True) and ep.reads == [f"f{i}" for i in range(1, 7)]
     assert on.compactions >= 1 and len(on.segment_starts) == on.compactions
+    # react: only a compaction starts a segment, and the first turn prompted with it comes after the turns before it
+    mask = on.loss_mask
+    sampled_before = [sum(1 for i in range(s) if mask[i] and (i == 0 or not mask[i - 1])) for s in on.segment_starts]
+    assert on.compacted_turns == [k + 1 for k in sampled_before]
     assert on.peak_context < 700 and max(len(r.prompt_ids) for r in policy.requests) < 700
     assert off.peak_context > max(len(r.prompt_ids) for r in policy.requests[:2])
     last = policy.prompts[-1]
     assert "[read output elided: " in last and FILES["f6"] in last  # the newest result kept whole
     assert [m.content for m in on.messages if m.role == "tool"] == [FILES[f"f{i}"] for i in range(1, 7)]  # verified on
     back = trajectory_from_row(trajectory_row(on, 0))  # the run directory keeps the segments
-    assert (back.segment_starts, back.peak_context, back.compactions) == (on.segment_starts, on.peak_context,
-                                                                          on.compactions)
+    assert (back.segment_starts, back.peak_context, back.compactions, back.compacted_turns) == (
+        on.segment_starts, on.peak_context, on.compactions, on.compacted_turns)
 
 
 def test_drop_turns_sheds_whole_turns_and_a_misnamed_rule_fails_before_generating(tok):

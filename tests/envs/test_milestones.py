@@ -89,3 +89,19 @@ def test_the_shaped_reward_is_off_by_default_and_never_touches_passed():
     assert [t.reward for t in on] == pytest.approx([1.3, 0.0, 0.1])
     assert [t.passed for t in on] == [True, False, False]
     assert on[0].reward_info["terms"] == {"verifier": 1.0, "milestones": 3.0}
+
+
+def test_a_declaration_can_locate_the_turn_a_call_reached_it():
+    from dataclasses import replace
+
+    from assay.core.types import ToolCall
+    from assay.envs.milestones import first_call
+
+    submit = Message("assistant", "", [ToolCall("submit", {})])
+    messages = [Message("user", "q"), Message("assistant", "", [ToolCall("run", {})]), Message("tool", "ok", name="run"),
+                submit, Message("tool", "error: not yet", name="submit", is_error=True),  # refused: not reached here
+                submit, Message("tool", "submitted", name="submit")]
+    t = _traj(ran=True, sent=True)
+    t.messages = messages
+    mark_milestones([t], {"d": (replace(RAN, turn=first_call("missing")), FIXED, replace(SENT, turn=first_call("submit")))})
+    assert t.reward_info["milestone_turns"] == {"sent": 3}  # ran: reached, but no such call; fixed: not reached

@@ -97,6 +97,7 @@ class _Run:
     ctx: ContextState | None = None  # head, turns, plan and notes (agent/context.py)
     seg: int = 0  # where the current context starts in ids: the engine is prompted with ids[seg:]
     segment_starts: list[int] = field(default_factory=list)
+    compacted_turns: list[int] = field(default_factory=list)
     peak: int = 0  # the largest context a turn saw
     plan_turns: int = 0
     approvals: ApprovalCounts = field(default_factory=ApprovalCounts)
@@ -346,7 +347,7 @@ def _take_turn(r: _Run, res: GenResult, tokenizer: PreTrainedTokenizerBase) -> N
         observations += [(call.name, obs) for call, obs in zip(calls, stepped.observations, strict=False)]
     for name, obs in observations:
         r.tool_errors += int(obs.is_error)
-        r.messages.append(Message("tool", obs.content, name=name))
+        r.messages.append(Message("tool", obs.content, name=name, is_error=obs.is_error))
 
     last = observations[-1][1]
     if last.status != OK:
@@ -378,7 +379,7 @@ def _plan_turn(r: _Run, calls: list[ToolCall], err: str | None, tokenizer: PreTr
     r.free_turns += 1
     obs = r.ctx.plan.apply(calls, err)
     r.tool_errors += int(obs.is_error)
-    r.messages.append(Message("tool", obs.content, name="plan"))
+    r.messages.append(Message("tool", obs.content, name="plan", is_error=obs.is_error))
     if r.job.time_limit_s is not None and time.perf_counter() - r.started > r.job.time_limit_s:
         r.finish = "time_limit"
         return
@@ -390,10 +391,13 @@ def _next_context(r: _Run, tokenizer: PreTrainedTokenizerBase, appended: list[in
     """Prompt the next turn: the current context plus `appended`, or a re-rendered one (compacted, or
     plan_execute's next kind of turn) as a new segment; False (finish "context") when no token would fit."""
     assert r.ctx is not None
+    compactions = r.ctx.compactions
     nxt = r.ctx.next_prompt(tokenizer, r.context_len, appended, r.job.max_context, r.job.params.max_tokens)
     if nxt is None:  # no room left to sample even one token after it
         r.finish = "context"
         return False
+    if r.ctx.compactions > compactions:
+        r.compacted_turns.append(r.turns + 1)  # where a reader of the messages sees the context shrink
     ids, fresh = nxt
     if fresh:
         r.new_segment(ids)
@@ -489,6 +493,7 @@ def _finish(r: _Run, policy_version: int) -> Trajectory:
         segment_starts=r.segment_starts,
         peak_context=r.peak,
         compactions=r.ctx.compactions if r.ctx is not None else 0,
+        compacted_turns=r.compacted_turns,
         memory_calls=r.ctx.notes.calls if r.ctx is not None and r.ctx.notes is not None else 0,
         memory_errors=r.ctx.notes.errors if r.ctx is not None and r.ctx.notes is not None else 0,
         plan_turns=r.plan_turns,

@@ -33,12 +33,13 @@ _TOKEN_LISTS = {"token_ids": pa.list_(pa.int32()), "loss_mask": pa.list_(pa.int8
                 "segment_starts": pa.list_(pa.int32())}
 
 
-def _messages_from(items: list[dict[str, Any]]) -> list[Message]:
+def messages_from(items: list[dict[str, Any]]) -> list[Message]:
+    """Messages as stored (their fields as JSON) back as Messages; a field added since takes its default."""
     return [Message(**{**m, "tool_calls": [ToolCall(**c) for c in m.get("tool_calls", [])]}) for m in items]
 
 
 _FROM_JSON: dict[str, Callable[[Any], Any]] = {
-    "prompt": _messages_from, "messages": _messages_from, "tools": lambda specs: [ToolSpec(**s) for s in specs]}
+    "prompt": messages_from, "messages": messages_from, "tools": lambda specs: [ToolSpec(**s) for s in specs]}
 
 
 def _columns(cls: type, skip: set[str]) -> dict[str, pa.DataType | None]:

@@ -43,6 +43,7 @@ class Message:
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     name: str | None = None  # the tool's name on a tool message
+    is_error: bool = False  # a tool message whose observation was an error (the call failed or broke its schema)
     # an assistant turn's reasoning (the text inside <think>...</think>), kept apart from its content;
     # None: the turn has no reasoning block (as in every template without one)
     reasoning: str | None = None
@@ -110,6 +111,7 @@ class Trajectory:
     segment_starts: list[int] = field(default_factory=list)
     peak_context: int = 0
     compactions: int = 0
+    compacted_turns: list[int] = field(default_factory=list)  # the turns (1-based) first prompted after a compaction
     memory_calls: int = 0
     memory_errors: int = 0
     plan_turns: int = 0

@@ -23,6 +23,8 @@ from assay.core.errors import AssayError
 from assay.core.types import OK, Message, Reward, Task, Trajectory
 
 MilestoneCheck = Callable[[Task, Sequence[Message], Reward], bool]
+# (task, the episode's messages) -> the assistant turn (1-based) where a reached milestone was reached; None: unknown
+MilestoneTurn = Callable[[Task, Sequence[Message]], int | None]
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,22 @@ class Milestone:
     description: str  # what reaching it means, for people
     check: MilestoneCheck  # (task, the episode's messages, the verifier's Reward) -> reached
     progress: bool = False  # a verified state of the work (pays alone), not a step of the process
+    turn: MilestoneTurn | None = None  # where it was reached, for people reading the episode (the HTML pages)
+
+
+def first_call(tool: str) -> MilestoneTurn:
+    """A turn locator for a process milestone that a call reaches: the first turn whose `tool` call got a result
+    that is not an error."""
+
+    def turn(task: Task, messages: Sequence[Message]) -> int | None:
+        k = 0
+        for m in messages:  # a turn's results follow its assistant message
+            k += m.role == "assistant"
+            if k and m.role == "tool" and m.name == tool and not m.is_error:
+                return k
+        return None
+
+    return turn
 
 
 def check_milestones(milestones: object, label: str) -> tuple[Milestone, ...]:
@@ -63,12 +81,22 @@ def credit(milestones: Sequence[Milestone], hits: Mapping[str, bool]) -> int:
     return len(progress) + (len(process) if progress else 0)
 
 
+def reached_turns(milestones: Sequence[Milestone], task: Task, messages: Sequence[Message],
+                  hits: Mapping[str, bool]) -> dict[str, int]:
+    """The turn of each reached milestone whose declaration can locate it (`Milestone.turn`), in order."""
+    turns = {m.name: m.turn(task, messages) for m in milestones if hits.get(m.name) and m.turn is not None}
+    return {name: k for name, k in turns.items() if k is not None}
+
+
 def mark_milestones(trajs: Sequence[Trajectory], milestones_of: Mapping[str, Sequence[Milestone]]) -> None:
     """Record on each trajectory the milestones of its domain's environment (`milestones_of[domain]`) it
-    reached, and in `reward_info["milestone_credit"]` how many of them the shaped reward would pay for."""
+    reached, in `reward_info["milestone_credit"]` how many of them the shaped reward would pay for, and in
+    `reward_info["milestone_turns"]` the turn of those a declaration locates (where any does)."""
     for t in trajs:
         declared = milestones_of.get(t.task.domain, ())
         if not declared:
             continue
         t.milestones = reached(declared, t.task, t.messages, Reward(t.reward, t.passed, t.status, t.reward_info))
         t.reward_info["milestone_credit"] = credit(declared, t.milestones)
+        if turns := reached_turns(declared, t.task, t.messages, t.milestones):
+            t.reward_info["milestone_turns"] = turns

@@ -150,7 +150,7 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
                 break
         for call, obs in zip(calls, observations, strict=False):
             tool_errors += int(obs.is_error)
-            messages.append(Message("tool", obs.content, name=call.name))
+            messages.append(Message("tool", obs.content, name=call.name, is_error=obs.is_error))
         if observations[-1].status != OK:
             finish, status = "error", observations[-1].status
             break

@@ -50,7 +50,7 @@ def play(env: Environment, task: Task, strategy: Strategy, max_turns: int = 8, s
         for call in msg.tool_calls:  # one at a time, so the watch sees the workspace after each step
             stepped = step_episode(episode, [call], task.tools)
             obs = stepped.observations[0]
-            messages.append(Message("tool", obs.content or stepped.error, name=call.name))
+            messages.append(Message("tool", obs.content or stepped.error, name=call.name, is_error=obs.is_error))
             seen.append(obs.content)
             if watch is not None:
                 watch(f"after step {len(seen)}")
