@@ -303,7 +303,7 @@ def _eval_policy(policy: Path | Endpoint, envs: dict[str, Environment], domains:
     from assay.eval.endpoint import Endpoint, run_endpoint_episodes
     from assay.eval.evaluate import summarize_domains
     from assay.eval.record import policy_identity, write_record
-    from assay.eval.tables import dimensions_table, pass_table
+    from assay.eval.tables import dimensions_table, horizon_table, pass_table
     from assay.pipeline.overlap import check_overlap, training_task_ids
     from assay.rollout.factory import make_backend
 
@@ -338,6 +338,8 @@ def _eval_policy(policy: Path | Endpoint, envs: dict[str, Environment], domains:
     console.print(pass_table(results, ks, title=f"{name}: {len(tasks)} tasks × {n} samples, 95% bootstrap CIs "
                                                 f"({where})"))
     console.print(dimensions_table(results, ks, prices))
+    if (horizon := horizon_table(results)) is not None:
+        console.print(horizon)
     if overlap is not None:
         console.print(overlap.describe())
     if approvals is not None:

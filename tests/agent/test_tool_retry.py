@@ -150,7 +150,7 @@ def test_step_metrics_and_evaluation_report_the_rates(tok):
     console.print(dimensions_table({"math": ev}, (1,), (0.0, 0.0)))
     row = next(line for line in console.export_text().splitlines() if "│ math" in line)
     cells = [c.strip() for c in row.split("│")[1:-1]]
-    assert cells[6:9] == ["0.600 of 5", "0.500 of 2", "1"]  # malformed calls, retries ok, degraded
+    assert cells[6:9] == ["0.600 of 5", "0.500 of 2", "1 (0)"]  # malformed calls, retries ok, degraded (fallback)
 
 
 def test_a_declared_fallback_tool_takes_a_hallucinated_call_whose_arguments_fit(tok):

@@ -20,6 +20,7 @@ from assay.core.types import OK, Task, Trajectory
 from assay.envs.base import Environment
 from assay.envs.split import draw_distinct
 from assay.eval.passk import Estimate, pass_at_k_ci, pass_hat_k_ci
+from assay.mixer.stats import hit_rates, mean_of
 from assay.rollout.base import RolloutBackend
 
 log = logging.getLogger(__name__)
@@ -69,10 +70,21 @@ class DomainEval:
     malformed: int = 0  # of them, malformed: unparsable, unknown tool, schema violation
     retries: int = 0  # retry prompts shown (domain tool_retries)
     retry_successes: int = 0  # answered by a well-formed turn
-    degraded_calls: int = 0  # calls acted on after a repair (domain repair_tool_calls)
+    degraded_calls: int = 0  # calls acted on after a repair or a fallback routing (domain repair_tool_calls, agent)
+    fallback_calls: int = 0  # of them, routed to a declared fallback tool (agent.fallback_tools)
     approved_calls: int = 0  # approvals (agent.approvals): critical calls a person approved
     denied_calls: int = 0  # denied by a person, a timeout or a failed channel: not run
     refused_calls: int = 0  # outside the deployment's allowlist: not run
+    # long horizons, where the entry's tasks offer tools (tool use: None elsewhere), as the training steps log them
+    # (mixer.stats): the largest context a turn saw (mean and max over episodes; None without token ids, as from
+    # an endpoint), and per episode compactions, memory-tool calls and planning turns
+    tools: bool = False
+    peak_context: float | None = None
+    peak_context_max: int | None = None
+    compactions: float | None = None
+    memory_calls: float | None = None
+    plan_turns: float | None = None
+    milestones: dict[str, float] = field(default_factory=dict)  # each declared milestone's hit rate (envs.milestones)
     prompt_tokens: float = 0.0  # mean per episode: prompt and observations
     completion_tokens: float = 0.0  # mean per episode (sampled tokens)
     latency_p50: float = 0.0  # seconds per episode: generation + tools + verification
@@ -146,6 +158,16 @@ def summarize(domain: str, trajs: Sequence[Trajectory], ks: Sequence[int]) -> Do
     result.retries = sum(t.retries for t in ok)
     result.retry_successes = sum(t.retry_successes for t in ok)
     result.degraded_calls = sum(t.degraded_calls for t in ok)
+    result.fallback_calls = sum(t.fallback_calls for t in ok)
+    result.milestones = hit_rates(ok)
+    agentic = [t for t in ok if t.task.tools]
+    if agentic:
+        result.tools = True
+        result.compactions, result.memory_calls, result.plan_turns = (
+            mean_of(agentic, c) for c in ("compactions", "memory_calls", "plan_turns"))
+        if any(t.peak_context for t in agentic):
+            result.peak_context, result.peak_context_max = mean_of(agentic, "peak_context"), max(
+                t.peak_context for t in agentic)
     result.approved_calls = sum(t.approved_calls for t in ok)
     result.denied_calls = sum(t.denied_calls for t in ok)
     result.refused_calls = sum(t.refused_calls for t in ok)

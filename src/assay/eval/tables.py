@@ -9,7 +9,8 @@ import numpy as np
 from rich.table import Table
 
 from assay.eval.evaluate import DomainEval
-from assay.eval.record import Comparison
+from assay.eval.horizon import horizon_columns
+from assay.eval.record import Comparison, metrics
 
 
 def _rate(x: float | None) -> str:
@@ -32,7 +33,7 @@ def pass_table(results: dict[str, DomainEval], ks: Sequence[int], title: str) ->
 def dimensions_table(results: dict[str, DomainEval], ks: Sequence[int], prices: tuple[float, float]) -> Table:
     table = Table(title="reliability, interaction and cost (per episode; infrastructure errors left out)")
     for col in ("environment", f"pass^{max(ks)}", "pass@1 s.e.", "rounds (mean; 1/2/3…)", "tool errors",
-                "recovered", "malformed calls", "retries ok", "degraded", "tokens prompt / completion",
+                "recovered", "malformed calls", "retries ok", "degraded (fallback)", "tokens prompt / completion",
                 "latency p50 / p95 s", "cost"):
         table.add_column(col, justify="left" if col == "environment" else "right")
     for name, r in results.items():
@@ -42,9 +43,22 @@ def dimensions_table(results: dict[str, DomainEval], ks: Sequence[int], prices: 
                       f"{r.mean_rounds:.2f} ({rounds})",
                       f"{_rate(r.tool_error_rate)} of {r.tool_calls}", f"{_rate(r.recovery_rate)} of {r.with_tool_error}",
                       f"{_rate(r.malformed_rate)} of {r.call_turns}", f"{_rate(r.retry_success_rate)} of {r.retries}",
-                      str(r.degraded_calls),
+                      f"{r.degraded_calls} ({r.fallback_calls})",
                       f"{r.prompt_tokens:.0f} / {r.completion_tokens:.0f}", f"{r.latency_p50:.2f} / {r.latency_p95:.2f}",
                       f"{r.cost(*prices):.6f}")
+    return table
+
+
+def horizon_table(results: dict[str, DomainEval]) -> Table | None:
+    """Context handling and milestones (eval/horizon.py), only the columns that apply; None when none does."""
+    head, rows = horizon_columns({name: metrics(r) for name, r in results.items()}, recovery=False)
+    if not head:
+        return None
+    table = Table(title="long horizons (per episode; infrastructure errors left out)")
+    for col in ("environment", *head):
+        table.add_column(col, justify="left" if col == "environment" else "right")
+    for name, cells in rows.items():
+        table.add_row(name, *cells)
     return table
 
 

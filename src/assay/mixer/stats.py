@@ -80,14 +80,20 @@ def summarize(trajs: Sequence[Trajectory], difficulty: int, ratio: float) -> Dom
         signal_share=_signal_share(ok),
         malformed_rate=ratio_of(ok, "malformed_calls", "call_turns"),
         retry_success_rate=ratio_of(ok, "retry_successes", "retries"),
-        degraded_calls=mean([float(t.degraded_calls) for t in ok]),
-        fallback_calls=mean([float(t.fallback_calls) for t in ok]),
-        peak_context=mean([float(t.peak_context) for t in ok]),
-        compactions=mean([float(t.compactions) for t in ok]),
-        memory_calls=mean([float(t.memory_calls) for t in ok]),
+        degraded_calls=mean_of(ok, "degraded_calls"),
+        fallback_calls=mean_of(ok, "fallback_calls"),
+        peak_context=mean_of(ok, "peak_context"),
+        compactions=mean_of(ok, "compactions"),
+        memory_calls=mean_of(ok, "memory_calls"),
         reward_terms=_term_means(ok),
-        milestones=_hit_rates(ok),
+        milestones=hit_rates(ok),
     )
+
+
+def mean_of(trajs: Sequence[Trajectory], count: str) -> float | None:
+    """One count per trajectory, averaged (None for no trajectories): the per-episode numbers the step logs and
+    the evaluation reports."""
+    return sum(getattr(t, count) for t in trajs) / len(trajs) if trajs else None
 
 
 def ratio_of(trajs: Sequence[Trajectory], part: str, whole: str) -> float | None:
@@ -104,7 +110,7 @@ def _term_means(ok: Sequence[Trajectory]) -> dict[str, float]:
     return {name: sum(v) / len(v) for name, v in terms.items()}
 
 
-def _hit_rates(ok: Sequence[Trajectory]) -> dict[str, float]:
+def hit_rates(ok: Sequence[Trajectory]) -> dict[str, float]:
     """Each milestone's share of the trajectories whose environment declares it."""
     hits: dict[str, list[bool]] = {}
     for t in ok:
