@@ -1,6 +1,6 @@
-"""An evaluation record as one self-contained HTML page: the metric table, pass@k and pass^k curves
-per entry, pass rate by difficulty, and every trajectory to browse (prompt, tool calls,
-observations, reward). Plots are matplotlib PNGs embedded in the page."""
+"""An evaluation record as one self-contained HTML page: the metric table (and the long-horizon columns that
+apply), pass@k and pass^k curves per entry, pass rate by difficulty, and every trajectory to browse, turn by
+turn (eval/trajview.py). Plots are matplotlib PNGs embedded in the page."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from assay.eval.horizon import horizon_columns
 from assay.eval.page import figure_img, pyplot, trajectory_list, write_page
 from assay.eval.record import read_record
 
@@ -72,6 +73,17 @@ def _metric_table(domains: dict[str, Any]) -> str:
             + "</table>")
 
 
+def _horizon_table(domains: dict[str, Any]) -> str:
+    """Context handling, tool-call recovery and milestones: only the columns that apply (eval/horizon.py)."""
+    head, rows = horizon_columns({name: d["metrics"] for name, d in domains.items()})
+    if not head:
+        return ""
+    return ('<h3>Long horizons (per episode)</h3><table id="horizon"><tr><th>entry</th>'
+            + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
+            + "".join(f"<tr><td>{html.escape(name)}</td>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+                      + "</tr>" for name, cells in rows.items()) + "</table>")
+
+
 def write_eval_html(record_dir: Path) -> Path:
     record = read_record(record_dir)
     domains = record["domains"]
@@ -82,7 +94,7 @@ def write_eval_html(record_dir: Path) -> Path:
         f"<h1>Evaluation: {html.escape(settings.get('suite') or ', '.join(d for d in domains if d != 'overall'))}</h1>",
         f"<p>policy {html.escape(policy.get('path', ''))} (weights sha256 {html.escape(policy.get('weights_sha256', '')[:16])}…),"
         f" {html.escape(record['created'])}; {html.escape(held_out)}</p>",
-        "<h2>Metrics</h2>", _metric_table(domains),
+        "<h2>Metrics</h2>", _metric_table(domains), _horizon_table(domains),
         "<h2>Curves</h2>", _curves(domains, "pass_at", "pass@k"), _curves(domains, "pass_hat", "pass^k (all k pass)"),
         _difficulty_bars(domains),
         trajectory_list(sorted((record_dir / "trajectories").glob("*.parquet"))),
