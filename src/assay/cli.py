@@ -69,7 +69,7 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
           quiet: bool = False) -> None:
     """RL-train a policy on the config's domains."""
     from assay.core.config import load_config
-    from assay.core.storage import prepare_run_dir
+    from assay.core.storage import lock_run_dir, prepare_run_dir, release_run_dir
 
     overrides = list(overrides or [])
     if config is not None and "=" in str(config) and not config.exists():  # an override, not a file
@@ -97,6 +97,7 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
     if resume is not None:
         cfg = load_config(config or resume / "config.yaml", overrides)
         run_dir = resume
+        lock_run_dir(run_dir)  # a run continued twice at once would interleave its records
     elif config is None:
         raise AssayError("assay train needs a CONFIG file or --resume runs/NAME")
     else:
@@ -107,10 +108,13 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
 
     # added to the config's own list: the run's config.yaml then keeps every override
     cfg.allow_unchecked = list(dict.fromkeys([*cfg.allow_unchecked, *allow]))
-    pipeline = make_pipeline(cfg, run_dir, resume=resume is not None)
-    with RunView("train", cfg.train.steps, quiet=quiet, console=console) as view:
-        view.advance(pipeline.start_step)
-        pipeline.run(view)
+    try:
+        pipeline = make_pipeline(cfg, run_dir, resume=resume is not None)
+        with RunView("train", cfg.train.steps, quiet=quiet, console=console) as view:
+            view.advance(pipeline.start_step)
+            pipeline.run(view)
+    finally:
+        release_run_dir(run_dir)
     console.print(f"run directory: {run_dir}")
 
 
@@ -119,14 +123,17 @@ def sft(config: Annotated[Path, typer.Argument(help="YAML config")], overrides: 
         quiet: bool = False) -> None:
     """Supervised cold start on the environments' reference solutions."""
     from assay.core.config import load_config
-    from assay.core.storage import prepare_run_dir
+    from assay.core.storage import prepare_run_dir, release_run_dir
     from assay.pipeline.sft import run_sft
     from assay.pipeline.ui import RunView
 
     cfg = load_config(config, overrides or [])
     run_dir = prepare_run_dir(cfg.run_dir, cfg.name, existing="refuse")
-    with RunView("sft", cfg.sft.steps, quiet=quiet, console=console) as view:
-        out = run_sft(cfg, run_dir, view)
+    try:
+        with RunView("sft", cfg.sft.steps, quiet=quiet, console=console) as view:
+            out = run_sft(cfg, run_dir, view)
+    finally:
+        release_run_dir(run_dir)
     console.print(f"policy saved to {out} (use it with model.path={out})")
 
 

@@ -112,5 +112,45 @@ def test_a_fresh_run_never_mixes_with_an_earlier_one_in_its_directory(tmp_path):
     assert prepare_run_dir(tmp_path, "r") == first and (first / "checkpoints" / "step_5").is_dir()
     again = prepare_run_dir(tmp_path, "r", existing="move")
     (aside,) = tmp_path.glob("r.prev-*")
-    assert again == first and not any(again.iterdir())
+    assert again == first and [p.name for p in again.iterdir()] == [".lock"]
     assert (aside / "checkpoints" / "step_5").is_dir() and (aside / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_a_run_directory_in_use_by_another_process_is_neither_reused_nor_moved(tmp_path):
+    """A second job under a running job's name (a bench relaunching an unfinished seed) would interleave its
+    records with the live run's, or move the live run's directory from under it: refused, naming the holder."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from assay.core.errors import AssayError
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from assay.core.storage import prepare_run_dir\n"
+                               f"prepare_run_dir({str(tmp_path)!r}, 'live', existing='refuse')\n"
+                               "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for existing in ("reuse", "refuse", "move"):
+            with pytest.raises(AssayError, match=rf"in use by a running process \(pid {holder.pid} on .*name=NAME"):
+                prepare_run_dir(tmp_path, "live", existing=existing)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["live"]  # not moved aside
+    finally:
+        holder.kill()
+        holder.wait()
+    run = prepare_run_dir(tmp_path, "live", existing="move")  # the holder gone, its lock went with it
+    assert prepare_run_dir(tmp_path, "live") == run  # and this process may come back to its own run
+
+
+def test_a_finished_job_lets_go_of_its_run_directory(tmp_path):
+    import subprocess
+    import sys
+
+    from assay.core.storage import release_run_dir
+
+    run = prepare_run_dir(tmp_path, "done")
+    release_run_dir(run)  # as a job's end does: another process (a resume, a report) may take it
+    taken = subprocess.run([sys.executable, "-c", "from assay.core.storage import prepare_run_dir\n"
+                            f"prepare_run_dir({str(tmp_path)!r}, 'done')"], capture_output=True, text=True)
+    assert taken.returncode == 0, taken.stderr

@@ -5,9 +5,12 @@ leaves everything already recorded readable."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, fields, is_dataclass
@@ -203,16 +206,20 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def prepare_run_dir(root: str | Path, name: str, existing: Literal["reuse", "refuse", "move"] = "reuse") -> Path:
-    """RUN_DIR/NAME, made and checked writable. Where it already holds a run, a fresh run must not mix its
-    records with the old ones (metrics appended to theirs, their checkpoint taken for its last):
-    `refuse` says so, `move` renames the old run aside (NAME.prev-TIME) and starts clean; `reuse` is for
-    a resume and for the parts of one job."""
+    """RUN_DIR/NAME, made, checked writable and held by this process (`lock_run_dir`). Where it already holds a
+    run, a fresh run must not mix its records with the old ones (metrics appended to theirs, their checkpoint
+    taken for its last): `refuse` says so, `move` renames the old run aside (NAME.prev-TIME) and starts clean;
+    `reuse` is for a resume and for the parts of one job. A run directory another process holds is never
+    reused, refused as finished or moved: it is refused as in use."""
     run_dir = Path(root) / name
+    if run_dir.is_dir():
+        lock_run_dir(run_dir)
     if existing != "reuse" and holds_run(run_dir):
         if existing == "refuse":
             raise AssayError(f"{run_dir} already holds a run (checkpoints, a policy or a summary); continue it "
                              f"with `assay train --resume {run_dir}`, or start a new one under another name=NAME")
         aside = run_dir.with_name(f"{run_dir.name}.prev-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+        os.close(_held.pop(run_dir.resolve()))  # the lock stays with the old run's directory
         run_dir.rename(aside)
         log.warning("%s held an earlier run: moved to %s", run_dir, aside)
     try:
@@ -223,4 +230,36 @@ def prepare_run_dir(root: str | Path, name: str, existing: Literal["reuse", "ref
     except OSError as e:
         raise AssayError(f"run directory {run_dir} is not writable ({e.strerror}); "
                          f"choose another with run_dir=PATH or name=NAME") from None
+    lock_run_dir(run_dir)
     return run_dir
+
+
+_held: dict[Path, int] = {}  # the run directories this process holds: the lock file's descriptor
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Hold RUN_DIR/.lock (an exclusive flock) until `release_run_dir`, or until this process ends however it
+    ends: two processes writing one run would interleave their metrics, checkpoints and logs. Again in the
+    same process: a no-op."""
+    key = run_dir.resolve()
+    if key in _held:
+        return
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise AssayError(f"{run_dir} is in use by a running process ({holder}); wait for it to end, or start "
+                         "this run under another name=NAME") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+    _held[key] = fd
+
+
+def release_run_dir(*run_dirs: Path) -> None:
+    """Let other processes at these run directories again (the job that wrote them is over)."""
+    for run_dir in run_dirs:
+        fd = _held.pop(run_dir.resolve(), None)
+        if fd is not None:
+            os.close(fd)

@@ -23,7 +23,13 @@ from torch import Tensor
 
 from assay.core.config import Config, build_config, load_config
 from assay.core.errors import ConfigError
-from assay.core.storage import TrajectoryWriter, prepare_run_dir, trajectory_from_plain, trajectory_plain
+from assay.core.storage import (
+    TrajectoryWriter,
+    prepare_run_dir,
+    release_run_dir,
+    trajectory_from_plain,
+    trajectory_plain,
+)
 from assay.core.types import Task, Trajectory
 from assay.envs.base import Environment
 from assay.envs.qa.enforce import mark_unchecked
@@ -240,5 +246,8 @@ def run_training(config: Config | dict[str, Any] | str | Path, overrides: Sequen
     else:
         cfg = load_config(config, list(overrides))
     run_dir = prepare_run_dir(cfg.run_dir, cfg.name, existing="refuse")
-    make_pipeline(cfg, run_dir, given=Given(envs or {}, policy, backend)).run()
+    try:
+        make_pipeline(cfg, run_dir, given=Given(envs or {}, policy, backend)).run()
+    finally:
+        release_run_dir(run_dir)
     return run_dir

@@ -17,7 +17,7 @@ from assay.core.checkpoint import latest_checkpoint
 from assay.core.config import Config, build_config, load_config
 from assay.core.errors import ConfigError
 from assay.core.modeling import load_model
-from assay.core.storage import atomic_write, prepare_run_dir, read_metrics, trajectory_shards
+from assay.core.storage import atomic_write, prepare_run_dir, read_metrics, release_run_dir, trajectory_shards
 from assay.envs.qa.enforce import record_stores
 from assay.eval.evaluate import DomainEval, evaluate, paired
 from assay.eval.passk import paired_difference_ci
@@ -174,8 +174,14 @@ def summary_table(rows: list[dict[str, Any]], held_out: bool, mean: dict[str, fl
 
 
 def run_quickstart(cfg: Config, console: Console | None = None) -> list[dict[str, Any]]:
-    console = console or Console()
     run_dir = prepare_run_dir(cfg.run_dir, cfg.name, existing="move")  # a second quickstart keeps the first
+    try:
+        return _quickstart(cfg, console or Console(), run_dir)
+    finally:
+        release_run_dir(run_dir, run_dir / "sft")
+
+
+def _quickstart(cfg: Config, console: Console, run_dir: Path) -> list[dict[str, Any]]:
     sft_dir = prepare_run_dir(run_dir, "sft")
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
