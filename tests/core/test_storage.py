@@ -154,3 +154,31 @@ def test_a_finished_job_lets_go_of_its_run_directory(tmp_path):
     taken = subprocess.run([sys.executable, "-c", "from assay.core.storage import prepare_run_dir\n"
                             f"prepare_run_dir({str(tmp_path)!r}, 'done')"], capture_output=True, text=True)
     assert taken.returncode == 0, taken.stderr
+
+
+def test_a_bench_refuses_to_relaunch_a_seed_that_is_still_running(tmp_path):
+    """Relaunching it would truncate the live run's log and write into its directory."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from assay.bench.learning import run_seeds
+    from assay.core.errors import AssayError
+    from assay.core.storage import run_dir_holder
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time\n"
+                               "from assay.core.storage import prepare_run_dir\n"
+                               f"prepare_run_dir({str(tmp_path)!r}, 'b_s0')\n"
+                               "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (tmp_path / "b_s0.log").write_text("the live run's log")
+        assert run_dir_holder(tmp_path / "b_s0") == f"pid {holder.pid} on {__import__('socket').gethostname()}"
+        with pytest.raises(AssayError, match=r"b_s0 is in use by a running process .*finished seeds are reused"):
+            run_seeds([0], "b", tmp_path, [], jobs=1, threads=1)
+        assert (tmp_path / "b_s0.log").read_text() == "the live run's log"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_dir_holder(tmp_path / "b_s0") is None

@@ -38,8 +38,14 @@ def machine() -> str:
 def run_seeds(seeds: Sequence[int], name: str, run_dir: Path, overrides: Sequence[str], jobs: int,
               threads: int, log=print, preset: str = "quickstart") -> dict[int, Path]:
     """Run the quickstart for each seed that has no summary yet; returns seed -> run directory."""
+    from assay.core.errors import AssayError
+    from assay.core.storage import run_dir_holder
+
     dirs = {s: run_dir / f"{name}_s{s}" for s in seeds}
     todo = [s for s in seeds if not (dirs[s] / "summary.json").is_file()]
+    if busy := {s: h for s in todo if (h := run_dir_holder(dirs[s]))}:  # a seed still running elsewhere
+        raise AssayError("bench: " + "; ".join(f"{dirs[s]} is in use by a running process ({h})" for s, h in busy.items())
+                         + "; wait for it to end, then run the bench again (finished seeds are reused)")
     if jobs > 1 and threads == 0:
         threads = 1  # side by side on a small machine, one thread each is the fast and reproducible choice
     running: list[tuple[int, subprocess.Popen, Any, float]] = []
@@ -65,8 +71,6 @@ def run_seeds(seeds: Sequence[int], name: str, run_dir: Path, overrides: Sequenc
             log(f"seed {s}: {'done' if proc.returncode == 0 else f'failed ({proc.returncode})'} "
                 f"after {(time.time() - t0) / 60:.1f} min")
     if failed:
-        from assay.core.errors import AssayError
-
         raise AssayError(f"bench learning: seed(s) {failed} failed; see {run_dir}/{name}_s<seed>.log")
     return dirs
 
