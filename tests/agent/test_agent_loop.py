@@ -3,7 +3,7 @@ import time
 
 import pytest
 import torch
-from agent_fakes import FakeEpisode, ScriptedBackend, calc_task, reference, turn
+from agent_fakes import FakeEpisode, OnlineScripted, ScriptedBackend, calc_task, reference, turn
 
 from assay.agent.loop import run_episodes
 from assay.agent.render import assistant_ids, prompt_ids, sft_example
@@ -232,13 +232,12 @@ class _Broken(RuntimeError):
     pass
 
 
-class _FailsOnSecondTurn(ScriptedBackend):
+class _FailsOnSecondTurn(OnlineScripted):
     """Gives every episode a tool call, then fails, through either loop's entry point."""
 
     def __init__(self, scripts):
         super().__init__(scripts)
         self.calls = 0
-        self.pending: list = []
         self.has_unfinished = False
 
     def generate(self, requests):
@@ -246,20 +245,6 @@ class _FailsOnSecondTurn(ScriptedBackend):
         if self.calls > 1:
             raise _Broken("the backend went away")
         return super().generate(requests)
-
-    def add_requests(self, requests, on_done=None):  # the online API, over generate
-        self.pending += [(len(self.pending) + i, r) for i, r in enumerate(requests)]
-        return [rid for rid, _ in self.pending[-len(requests):]]
-
-    def add_request(self, request, on_done=None):
-        return self.add_requests([request])[0]
-
-    def step(self):
-        batch, self.pending = self.pending, []
-        return [(rid, res) for (rid, _), res in zip(batch, self.generate([r for _, r in batch]), strict=True)]
-
-    def abort(self, request_id):
-        pass
 
 
 @pytest.mark.parametrize("online", [False, True])
