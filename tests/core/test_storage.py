@@ -1,10 +1,23 @@
 import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pandas as pd
 import pytest
 
 from assay.core.errors import AssayError
-from assay.core.storage import TrajectoryWriter, prepare_run_dir, read_metrics, read_trajectories, trajectory_shards
+from assay.core.storage import (
+    TrajectoryWriter,
+    prepare_run_dir,
+    read_metrics,
+    read_trajectories,
+    release_run_dir,
+    run_dir_holder,
+    trajectory_shards,
+)
 from assay.core.types import Message, Task, ToolCall, ToolSpec, Trajectory
 
 
@@ -116,39 +129,34 @@ def test_a_fresh_run_never_mixes_with_an_earlier_one_in_its_directory(tmp_path):
     assert (aside / "checkpoints" / "step_5").is_dir() and (aside / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
-def test_a_run_directory_in_use_by_another_process_is_neither_reused_nor_moved(tmp_path):
-    """A second job under a running job's name (a bench relaunching an unfinished seed) would interleave its
-    records with the live run's, or move the live run's directory from under it: refused, naming the holder."""
-    import subprocess
-    import sys
-
-    import pytest
-
-    from assay.core.errors import AssayError
-
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+@contextmanager
+def held_elsewhere(root, name: str) -> Iterator[subprocess.Popen]:
+    """RUN_DIR `root/name` prepared and held by another process, for as long as the block runs."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time\n"
                                "from assay.core.storage import prepare_run_dir\n"
-                               f"prepare_run_dir({str(tmp_path)!r}, 'live', existing='refuse')\n"
+                               f"prepare_run_dir({str(root)!r}, {name!r})\n"
                                "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_run_directory_in_use_by_another_process_is_neither_reused_nor_moved(tmp_path):
+    """A second job under a running job's name (a bench relaunching an unfinished seed) would interleave its
+    records with the live run's, or move the live run's directory from under it: refused, naming the holder."""
+    with held_elsewhere(tmp_path, "live") as holder:
         for existing in ("reuse", "refuse", "move"):
             with pytest.raises(AssayError, match=rf"in use by a running process \(pid {holder.pid} on .*name=NAME"):
                 prepare_run_dir(tmp_path, "live", existing=existing)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["live"]  # not moved aside
-    finally:
-        holder.kill()
-        holder.wait()
     run = prepare_run_dir(tmp_path, "live", existing="move")  # the holder gone, its lock went with it
     assert prepare_run_dir(tmp_path, "live") == run  # and this process may come back to its own run
 
 
 def test_a_finished_job_lets_go_of_its_run_directory(tmp_path):
-    import subprocess
-    import sys
-
-    from assay.core.storage import release_run_dir
-
     run = prepare_run_dir(tmp_path, "done")
     release_run_dir(run)  # as a job's end does: another process (a resume, a report) may take it
     taken = subprocess.run([sys.executable, "-c", "from assay.core.storage import prepare_run_dir\n"
@@ -158,27 +166,12 @@ def test_a_finished_job_lets_go_of_its_run_directory(tmp_path):
 
 def test_a_bench_refuses_to_relaunch_a_seed_that_is_still_running(tmp_path):
     """Relaunching it would truncate the live run's log and write into its directory."""
-    import subprocess
-    import sys
-
-    import pytest
-
     from assay.bench.learning import run_seeds
-    from assay.core.errors import AssayError
-    from assay.core.storage import run_dir_holder
 
-    holder = subprocess.Popen([sys.executable, "-c", "import time\n"
-                               "from assay.core.storage import prepare_run_dir\n"
-                               f"prepare_run_dir({str(tmp_path)!r}, 'b_s0')\n"
-                               "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_elsewhere(tmp_path, "b_s0") as holder:
         (tmp_path / "b_s0.log").write_text("the live run's log")
-        assert run_dir_holder(tmp_path / "b_s0") == f"pid {holder.pid} on {__import__('socket').gethostname()}"
+        assert run_dir_holder(tmp_path / "b_s0") == f"pid {holder.pid} on {socket.gethostname()}"
         with pytest.raises(AssayError, match=r"b_s0 is in use by a running process .*finished seeds are reused"):
             run_seeds([0], "b", tmp_path, [], jobs=1, threads=1)
         assert (tmp_path / "b_s0.log").read_text() == "the live run's log"
-    finally:
-        holder.kill()
-        holder.wait()
     assert run_dir_holder(tmp_path / "b_s0") is None
