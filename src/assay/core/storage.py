@@ -248,18 +248,28 @@ def lock_run_dir(run_dir: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        holder = _holder_of(fd)
         os.close(fd)
-        raise AssayError(f"{run_dir} is in use by a running process ({run_dir_holder(run_dir)}); wait for it to "
-                         "end, or start this run under another name=NAME") from None
+        raise AssayError(f"{run_dir} is in use by a running process ({holder}); wait for it to end, or start this "
+                         "run under another name=NAME") from None
     os.ftruncate(fd, 0)
-    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+    os.write(fd, _me().encode())
     _held[key] = fd
+
+
+def _me() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()}"
+
+
+def _holder_of(fd: int) -> str:
+    """What the holder wrote into the lock file it holds."""
+    return os.read(fd, 200).decode(errors="replace").strip() or "another process"
 
 
 def run_dir_holder(run_dir: Path) -> str | None:
     """Who holds this run directory ("pid N on HOST"), or None when no running job does."""
     if run_dir.resolve() in _held:
-        return f"pid {os.getpid()} on {socket.gethostname()}"
+        return _me()
     try:
         fd = os.open(run_dir / ".lock", os.O_RDWR)
     except FileNotFoundError:
@@ -269,7 +279,7 @@ def run_dir_holder(run_dir: Path) -> str | None:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     except BlockingIOError:
-        return os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        return _holder_of(fd)
     finally:
         os.close(fd)
 
