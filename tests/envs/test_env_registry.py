@@ -43,7 +43,7 @@ def _toy(version: str) -> type:
 
 
 def test_builtins_are_listed():
-    assert list_envs() == [("arith", "3"), ("codegen", "6"), ("jsonl", "3"), ("repo", "2"), ("terminal", "6"), ("toolcalc", "3")]
+    assert list_envs() == [("arith", "3"), ("codegen", "6"), ("jsonl", "3"), ("repo", "3"), ("terminal", "6"), ("toolcalc", "3")]
 
 
 def test_name_and_name_at_version_resolve():

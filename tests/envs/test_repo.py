@@ -12,12 +12,12 @@ from assay.core.types import Message, Task, ToolCall
 from assay.envs import env_hash, get_env
 from assay.envs.base import hooks
 from assay.envs.builtin import _repo_gen as gen
-from assay.envs.builtin.repo import SUBMITTED, TOOLS, RepoEnv, format_read
+from assay.envs.builtin.repo import SUBMITTED, TOOLS, RepoEnv, format_read, plan_diff
 from assay.envs.episode import close_episode, start_episode, step_episode
 from assay.envs.qa.play import Replay, play, reference_policy
 
-LEVELS = (1, 2, 3, 4)
-FILES = {1: (3, 4), 2: (5, 6), 3: (5, 6), 4: (8, 15)}  # files in the workspace, tests included
+LEVELS = (1, 2, 3, 4, 5)
+FILES = {1: (3, 4), 2: (5, 6), 3: (5, 6), 4: (8, 15), 5: (8, 11)}  # files in the workspace, tests included
 _MODULES = {m.name: m for s in gen.STACKS for m in s.modules}
 
 
@@ -41,10 +41,15 @@ def outcomes(payload: dict, files: dict[str, str]) -> list[bool]:
 
 
 def patched(payload: dict, only: int | None = None) -> dict[str, str]:
-    """The workspace after the reference's patches (`only`: just that one of them)."""
+    """The workspace after the reference's patches and diffs (`only`: just that one of them)."""
     files = dict(payload["files"])
-    patches = [s["arguments"] for s in payload["solution"] if s["tool"] == "patch"]
-    for a in patches if only is None else patches[only:only + 1]:
+    edits = [s for s in payload["solution"] if s["tool"] in ("patch", "apply_diff")]
+    for s in edits if only is None else edits[only:only + 1]:
+        a = s["arguments"]
+        if s["tool"] == "apply_diff":
+            writes, _ = plan_diff(a["diff"], files.get)
+            files.update(writes)
+            continue
         assert files[a["path"]].count(a["search"]) == 1
         files[a["path"]] = files[a["path"]].replace(a["search"], a["replace"])
     return files
@@ -75,6 +80,9 @@ def test_generation_is_deterministic_varied_and_sized(env):
         if level == 4:
             assert all(len(t.payload["faults"]) == 2 for t in drawn) and kinds["case"] == 30
             assert all(any(p.endswith("_old.py") for p in t.payload["files"]) for t in drawn)
+        if level == 5:
+            assert all(t.payload["kind"] == "refactor" and "rename the function" in t.prompt[1].content for t in drawn)
+            assert all(e.endswith(".__dict__") for t in drawn for e, _ in t.payload["hidden"][-1:])
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -214,10 +222,50 @@ def test_episode_steps_as_the_agent_loop_does(env, tasks):
 
 
 def test_registered_versioned_and_hashed(env):
-    assert type(get_env("repo@2")) is RepoEnv and get_env("repo").version == "2"
+    assert type(get_env("repo@3")) is RepoEnv and get_env("repo").version == "3"
     assert env_hash(env) == env_hash(RepoEnv()) and len(env_hash(env)) == 12
     assert env_hash(RepoEnv(timeout_s=5.0)) != env_hash(env)
-    assert {t.name for t in TOOLS} == {"bash", "read", "write", "patch", "run_tests", "submit"}
+    assert {t.name for t in TOOLS} == {"bash", "read", "write", "patch", "apply_diff", "run_tests", "submit"}
     assert [t.name for t in env.tools] == [t.name for t in TOOLS] + ["checkpoint", "rollback"]
     assert env_hash(RepoEnv(checkpoints=0)) != env_hash(env) and RepoEnv(checkpoints=0).tools == TOOLS
     assert "assay.envs.builtin._repo_gen" in hooks(env).hash_deps
+
+
+def test_apply_diff_is_all_or_nothing_and_stays_in_the_workspace(env, tasks):
+    task = tasks[5]
+    diff = next(s["arguments"]["diff"] for s in task.payload["solution"] if s["tool"] == "apply_diff")
+    first = diff.split("\n", 1)[0][len("--- a/"):]
+    episode = env.start(task, None)
+    try:
+        def step(name: str, **args: object):
+            return episode.step(ToolCall(name, args))
+
+        def files() -> str:
+            return step("bash", command="find . -type f | sort | xargs md5sum").content
+
+        as_given = files()
+        # the first file's hunks apply, a later one does not: nothing is written
+        broken = diff + "--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n"
+        assert "no file 'nope.py'" in step("apply_diff", diff=broken).content
+        bad_hunk = diff + f"--- a/{first}\n+++ b/{first}\n@@ -1 +1 @@\n-not there\n+x\n"
+        assert "does not apply" in step("apply_diff", diff=bad_hunk).content
+        assert "no file headers" in step("apply_diff", diff="rename everything please").content
+        for path in ("/etc/passwd", "../x.py"):
+            obs = step("apply_diff", diff=f"--- /dev/null\n+++ {path}\n@@ -0,0 +1 @@\n+x\n")
+            assert obs.is_error and ("absolute" in obs.content or "climbs out" in obs.content)
+        step("bash", command="ln -s /etc out")
+        obs = step("apply_diff", diff="--- a/out/hostname\n+++ b/out/hostname\n@@ -1 +1 @@\n-a\n+b\n")
+        assert obs.is_error and "through a symbolic link" in obs.content
+        step("bash", command="rm out")
+        assert files() == as_given and episode.tool_errors == 6
+        # new, deleted and changed files in one diff
+        made = step("apply_diff", diff="--- /dev/null\n+++ b/notes.txt\n@@ -0,0 +1,2 @@\n+one\n+two\n")
+        assert made.content == "applied the diff: notes.txt created (1 hunk, +2 lines)"
+        assert "exists already" in step("apply_diff", diff="--- /dev/null\n+++ notes.txt\n@@ -0,0 +1 @@\n+x\n").content
+        gone = step("apply_diff", diff="--- a/notes.txt\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-one\n-two\n")
+        assert gone.content.startswith("applied the diff: notes.txt deleted") and files() == as_given
+        done = step("apply_diff", diff=diff)
+        assert not done.is_error and done.content.startswith(f"applied the diff: {first} changed")
+        assert episode.verify([]).passed
+    finally:
+        episode.close()

@@ -12,6 +12,7 @@ every task's workspace fails its visible tests and its hidden tests and the refe
 
 from __future__ import annotations
 
+import difflib
 import random
 import re
 import sys
@@ -542,7 +543,7 @@ def evaluate(modules: list[Module], consts: dict[str, int], mutate: dict[str, fr
 class Generated:
     """One task: the workspace, the prompt, the tests and the reference's tool calls."""
 
-    kind: str  # "bug" or "feature"
+    kind: str  # "bug", "feature" or "refactor"
     pkg: str
     files: dict[str, str]  # the workspace: path -> text
     instruction: str
@@ -550,7 +551,8 @@ class Generated:
     visible: list[list[Any]]  # [expression, expected result] pairs, also written as tests/test_*.py
     hidden: list[list[Any]]  # the same, run only by the verifier
     solution: list[dict[str, Any]]  # the reference's tool calls: {"tool": name, "arguments": {...}}
-    faults: list[str]  # "module:kind" of each seeded fault, or "module.function" of the missing feature
+    faults: list[str]  # "module:kind" of each seeded fault, "module.function" of the missing feature, or
+    # "module.old->new" of the rename
 
 
 class Redraw(Exception):
@@ -605,10 +607,11 @@ def _plain(value: Any) -> Any:
 
 
 def build(rng: random.Random, level: int) -> Generated:
-    """A task at `level` (1-4), a function of `rng` alone."""
+    """A task at `level` (1-5), a function of `rng` alone."""
+    make = {3: _feature, 5: _refactor}.get(level, _bug)
     for _ in range(200):
         try:
-            return (_feature if level == 3 else _bug)(rng, level)
+            return make(rng, level)
         except Redraw:
             continue
     raise RuntimeError(f"repo generator: no sound task at level {level} in 200 draws")  # a template bug
@@ -620,7 +623,7 @@ def _layout(rng: random.Random, level: int, stack: Stack) -> tuple[list[Module],
         return list(stack.modules[:rng.randint(1, 2)]), []
     others = [s for s in STACKS if s is not stack]
     rng.shuffle(others)
-    if level == 4:  # whole stacks: a distractor module imports its own stack's leaves
+    if level >= 4:  # whole stacks: a distractor module imports its own stack's leaves
         return list(stack.modules), [m for s in others[:rng.randint(1, 2)] for m in s.modules]
     return list(stack.modules), [others[0].modules[0]] if rng.random() < 0.5 else []  # a leaf imports nothing
 
@@ -791,6 +794,83 @@ def _feature(rng: random.Random, level: int) -> Generated:
     return _finish(Generated("feature", pkg, files, instruction, [m.name for m in modules],
                              [[e, correct[e]["ok"]] for e in visible], [[e, correct[e]["ok"]] for e in hidden],
                              solution, [f"{top.name}.{func}"]))
+
+
+RENAME_PREFIXES = ("calc_", "compute_", "get_", "find_")
+
+
+def _refactor(rng: random.Random, level: int) -> Generated:
+    """Rename a function that another module imports, everywhere, keeping behaviour; the old name must go."""
+    pkg = rng.choice(PACKAGES)
+    stack = rng.choice(STACKS)
+    consts = _consts(rng)
+    used, distract = _layout(rng, level, stack)
+    modules = used + distract
+    sources = {m.name: render(m, "$pkg", consts) for m in modules}  # `$pkg` kept, as `evaluate` takes them
+
+    def mentions(name: str, text: str) -> bool:
+        return re.search(rf"\b{name}\b", text) is not None
+
+    choices = [(m, f) for m in used[:-1] for f in m.tests
+               if any(mentions(f, sources[o.name]) for o in used if o is not m)  # another module imports it
+               and not any(mentions(f, sources[d.name]) for d in distract)
+               and sum(f"def {f}(" in src for src in sources.values()) == 1]
+    if not choices:
+        raise Redraw
+    home, old = rng.choice(choices)
+    new = rng.choice(RENAME_PREFIXES) + old
+    if any(mentions(new, src) for src in sources.values()):
+        raise Redraw
+    renamed = {n: re.sub(rf"\b{old}\b", new, src) for n, src in sources.items()}
+    touched = [m.name for m in modules if renamed[m.name] != sources[m.name]]
+
+    pools = {m.name: _candidates(m, rng, consts, 8) for m in modules}
+    before = [e for p in pools.values() for es in p.values() for e in es]
+    after = [e.replace(f"{home.name}.{old}(", f"{home.name}.{new}(") for e in before]
+    correct = evaluate(modules, consts, {}, before)
+    if evaluate(modules, consts, {}, after, replaced=renamed) != correct:
+        raise Redraw  # the rename changed what some call returns (a string that held the name)
+    results = dict(zip(after, correct, strict=True))
+    own = {new: [e for e in after if e.startswith(f"{home.name}.{new}(")]}
+    visible = _pick_tests(own, results, 2, rng, set()) + \
+        _pick_tests({k: v for k, v in _by_function(after, home.name).items() if k != new}, results, 1, rng, set())[:1]
+    taken = set(visible)
+    hidden = [e for e in own[new] if e not in taken and "ok" in results[e]][:4]
+    taken |= set(hidden)
+    for m in modules:
+        hidden += _pick_tests(_by_function(after, m.name), results, 2 if m in used else 1, rng, taken)
+    gone = [[f"{old!r} in {n}.__dict__", encode(False)] for n in touched]  # no alias left behind
+
+    files = {f"{pkg}/__init__.py": f'"""The {pkg} package."""\n'}
+    for m in modules:
+        files[_path(pkg, m.name)] = sources[m.name].replace("$pkg", pkg)
+    test_path = f"tests/test_{home.name}.py"
+    shown = {e: repr(_plain(results[e]["ok"])) for e in visible}
+    files[test_path] = _test_file(pkg, home.name, [[e, None] for e in visible], shown)
+    instruction = (f"Refactor the Python package `{pkg}` in /workspace (its modules under {pkg}/, its tests under "
+                   f"tests/): rename the function `{old}` of {_path(pkg, home.name)} to `{new}` everywhere it is "
+                   "defined, imported, called or mentioned, without changing what any function does. Leave no alias "
+                   f"behind: no module may still have a `{old}`. {test_path} already uses the new name. Hidden tests "
+                   "check every module's behaviour and that the old name is gone. Run the visible tests with "
+                   "run_tests; call submit when you are done.")
+    diff = "".join("".join(difflib.unified_diff(files[_path(pkg, n)].splitlines(True),
+                                                renamed[n].replace("$pkg", pkg).splitlines(True),
+                                                f"a/{_path(pkg, n)}", f"b/{_path(pkg, n)}", n=2)) for n in touched)
+    solution = [*({"tool": "read", "arguments": {"path": _path(pkg, n)}} for n in touched),
+                {"tool": "apply_diff", "arguments": {"diff": diff}},
+                {"tool": "run_tests", "arguments": {}}, {"tool": "submit", "arguments": {}}]
+    return _finish(Generated("refactor", pkg, files, instruction, [m.name for m in modules],
+                             [[e, results[e]["ok"]] for e in visible],
+                             [[e, results[e]["ok"]] for e in hidden] + gone, solution, [f"{home.name}.{old}->{new}"]))
+
+
+def _by_function(exprs: list[str], module: str) -> dict[str, list[str]]:
+    """The expressions calling `module`'s functions, by function."""
+    out: dict[str, list[str]] = {}
+    for e in exprs:
+        if e.startswith(f"{module}."):
+            out.setdefault(e[len(module) + 1:].split("(", 1)[0], []).append(e)
+    return out
 
 
 def _finish(g: Generated) -> Generated:

@@ -1,7 +1,7 @@
 """repo: repository-level tasks for long-horizon coding agents, in a sandboxed workspace.
 
 Each task is a small generated Python package (3-15 files, by seed and difficulty; see `_repo_gen`)
-with unittest tests under tests/. Four levels:
+with unittest tests under tests/. Five levels:
 
 1. one module (or a leaf and the module importing it) with a wrong operator or an off-by-one; a
    visible test of that module fails.
@@ -11,9 +11,13 @@ with unittest tests under tests/. Four levels:
    prompt quotes; visible tests check a few plain cases, hidden tests the whole specification.
 4. 9-12 files: the task's stack plus whole distractor stacks and a stale copy of a broken module,
    and two faults in different modules, one of them a missing case.
+5. a refactor in a package of whole stacks: rename a function that another module imports, at its
+   definition, imports, calls and mentions, keeping behaviour; hidden tests check every module's
+   behaviour and that no module keeps the old name (no alias left behind).
 
 Tools: `bash`, `read(path, start?, end?)`, `write(path, content)`, `patch(path, search, replace)`
-(one exact occurrence), `run_tests()` (the visible tests, in the episode's sandbox) and `submit()`;
+(one exact occurrence), `apply_diff(diff)` (a unified diff over any files, matched by content, all or
+nothing; see `_unidiff`), `run_tests()` (the visible tests, in the episode's sandbox) and `submit()`;
 and, unless the environment is made with `checkpoints=0`, `checkpoint()` and `rollback(id)`: the
 workspace saved and restored through the sandbox's own snapshots (O(1), whole-workspace, exact), at
 most `checkpoints` kept; a rollback drops the checkpoints taken after the one it returns to.
@@ -38,7 +42,7 @@ import json
 import math
 import random
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +52,7 @@ from assay.envs.builtin._common import check_difficulty, draw_seed, task_id, tas
 from assay.envs.builtin._pyjudge import _result_line, encode
 from assay.envs.builtin._repo_gen import build
 from assay.envs.builtin._terminal_tasks import format_result
+from assay.envs.builtin._unidiff import DEV_NULL, DiffError, apply_hunks, parse_diff
 from assay.envs.builtin.terminal import populate
 from assay.envs.milestones import Milestone
 from assay.envs.registry import env_hash, register
@@ -69,6 +74,11 @@ PATCH = ToolSpec("patch", "Replace the one occurrence of search in a file with r
                           "exactly, indentation included, and occur once.",
                  object_schema({"path": _PATH, "search": {"type": "string", "minLength": 1},
                                 "replace": {"type": "string"}}))
+APPLY_DIFF = ToolSpec("apply_diff", "Apply a unified diff (as diff -u or git diff write it, paths relative to /workspace, "
+                                    "a/ and b/ prefixes allowed) to one or more files: changed, new (--- /dev/null) or "
+                                    "deleted (+++ /dev/null). Each hunk is matched by its ' ' and '-' lines; if any hunk "
+                                    "does not apply, no file changes.",
+                      object_schema({"diff": {"type": "string", "minLength": 1}}))
 RUN_TESTS = ToolSpec("run_tests", "Run the visible tests (tests/test_*.py) and get a summary with each failure.",
                      object_schema({}))
 SUBMIT = ToolSpec("submit", "Submit the workspace as it is; the episode ends.", object_schema({}))
@@ -77,15 +87,15 @@ CHECKPOINT = ToolSpec("checkpoint", "Save the whole workspace as it is now; retu
 ROLLBACK = ToolSpec("rollback", "Return the whole workspace to a checkpoint (files written since are gone, files "
                                 "changed since are back); checkpoints taken after it are dropped.",
                     object_schema({"id": {"type": "string", "description": "a checkpoint's id, e.g. cp1"}}))
-TOOLS = (BASH, READ, WRITE, PATCH, RUN_TESTS, SUBMIT)
+TOOLS = (BASH, READ, WRITE, PATCH, APPLY_DIFF, RUN_TESTS, SUBMIT)
 CHECKPOINT_TOOLS = (CHECKPOINT, ROLLBACK)
 MAX_CHECKPOINTS = 4  # the default bound: each checkpoint holds a frozen layer of the workspace until the episode ends
 SYSTEM = ("You are working on a Python repository in /workspace, in a Linux shell with bash, coreutils, grep, sed and "
-          "python3, and no network. Tools: bash, read, write, patch (search and replace), run_tests (the visible "
-          "tests) and submit (ends the episode). Paths are relative to /workspace.")
+          "python3, and no network. Tools: bash, read, write, patch (search and replace), apply_diff (a unified "
+          "diff), run_tests (the visible tests) and submit (ends the episode). Paths are relative to /workspace.")
 SYSTEM_CHECKPOINTS = ("You are working on a Python repository in /workspace, in a Linux shell with bash, coreutils, grep, "
-                      "sed and python3, and no network. Tools: bash, read, write, patch (search and replace), run_tests "
-                      "(the visible tests), checkpoint (saves the workspace), rollback (returns it to a checkpoint) and "
+                      "sed and python3, and no network. Tools: bash, read, write, patch (search and replace), apply_diff "
+                      "(a unified diff), run_tests (the visible tests), checkpoint (saves the workspace), rollback (returns it to a checkpoint) and "
                       "submit (ends the episode). Paths are relative to /workspace.")
 SUBMITTED = "submitted: the workspace is verified now"
 MAX_READ_LINES = 200  # lines one read returns; more are read with start
@@ -153,6 +163,10 @@ if op == "read":
     done(text=read_text())
 if op == "write":
     write_text(req["content"])
+    done(ok=True)
+if op == "delete":
+    read_text()  # a regular text file, or the error that says what is there instead
+    os.unlink(full)
     done(ok=True)
 text = read_text()
 count = text.count(req["search"])
@@ -278,6 +292,42 @@ def format_patch(path: str, line: int, search: str, replace: str) -> str:
     return f"patched {path}: lines {line}-{line + old - 1} replaced by {new} line{'s' * (new != 1)}"
 
 
+def plan_diff(diff: str, read: Callable[[str], str | None]) -> tuple[dict[str, str | None], str]:
+    """What apply_diff does, before it touches anything: path -> the file's new text (None: delete it), and the
+    observation; a DiffError when the diff is malformed, a path is refused or a hunk does not apply. `read(path)`
+    gives a file's text, None when there is no such file."""
+    writes: dict[str, str | None] = {}
+    done: list[str] = []
+
+    def current(path: str) -> str | None:
+        return writes[path] if path in writes else read(path)
+
+    for p in parse_diff(diff):
+        for path in {p.old_path, p.new_path} - {DEV_NULL}:
+            if why := check_path("apply_diff", path):
+                raise DiffError(why.removeprefix("apply_diff: "))
+        if p.old_path == DEV_NULL:
+            if current(p.new_path) is not None:
+                raise DiffError(f"{p.new_path!r} exists already; diff it against its text, not against /dev/null")
+            text = ""
+        elif (text := current(p.old_path)) is None:
+            raise DiffError(f"no file {p.old_path!r} in /workspace (a new file's diff starts with '--- /dev/null')")
+        new = apply_hunks(text, p)
+        if p.old_path not in (DEV_NULL, p.new_path):  # deleted, or renamed
+            writes[p.old_path] = None
+        if p.new_path != DEV_NULL:
+            writes[p.new_path] = new
+        added = sum(len(h.new) for h in p.hunks) - sum(len(h.old) for h in p.hunks)
+        if p.old_path == DEV_NULL:
+            what = f"{p.new_path} created"
+        elif p.new_path == DEV_NULL:
+            what = f"{p.old_path} deleted"
+        else:
+            what = f"{p.old_path} renamed to {p.new_path}" if p.old_path != p.new_path else f"{p.new_path} changed"
+        done.append(f"{what} ({len(p.hunks)} hunk{'s' * (len(p.hunks) != 1)}, {added:+d} lines)")
+    return writes, "applied the diff: " + "; ".join(done)
+
+
 def format_write(path: str, content: str) -> str:
     n = content.count("\n") + (not content.endswith("\n") and bool(content))
     return f"wrote {path}: {n} line{'s' * (n != 1)}"
@@ -396,15 +446,19 @@ class RepoEpisode:
             raise OSError(res.stderr[-300:] or "the sandbox failed")
         return res
 
-    def _files(self, tool: str, **req: Any) -> dict[str, Any] | Observation:
+    def _file_op(self, **req: Any) -> dict[str, Any]:
+        """The file helper's report: what it did, or {"error": ...} (the helper's own failure included)."""
         res = self._exec(["python3", "-I", "-c", _FILES], stdin=json.dumps({**req, "limit": MAX_FILE_BYTES}))
         try:
             report = json.loads(res.stdout)
         except ValueError:
             report = None
         if not isinstance(report, dict):
-            return Observation(f"error: {tool}: the file operation failed ({res.status}): {res.stderr[-200:]}",
-                               is_error=True)
+            return {"error": "helper", "detail": f"the file operation failed ({res.status}): {res.stderr[-200:]}"}
+        return report
+
+    def _files(self, tool: str, **req: Any) -> dict[str, Any] | Observation:
+        report = self._file_op(**req)
         if "error" in report:
             return Observation(f"error: {file_error(tool, req['path'], report)}", is_error=True)
         return report
@@ -429,6 +483,30 @@ class RepoEpisode:
     def _patch(self, path: str, search: str, replace: str) -> Observation:
         got = self._files("patch", op="patch", path=path, search=search, replace=replace)
         return got if isinstance(got, Observation) else Observation(format_patch(path, got["line"], search, replace))
+
+    def _apply_diff(self, diff: str) -> Observation:
+        def read(path: str) -> str | None:
+            report = self._file_op(op="read", path=path)
+            if report.get("error") == "missing":
+                return None
+            if "error" in report:
+                raise DiffError(file_error("apply_diff", path, report).removeprefix("apply_diff: "))
+            return report["text"]
+
+        try:
+            writes, summary = plan_diff(diff, read)
+        except DiffError as e:
+            return Observation(f"error: apply_diff: {e}", is_error=True)
+        for path, text in writes.items():
+            if text is not None and len(text.encode()) > MAX_FILE_BYTES:
+                return Observation(f"error: apply_diff: {path!r} would grow over {MAX_FILE_BYTES} bytes; nothing "
+                                   "was changed", is_error=True)
+        for path, text in writes.items():
+            got = self._files("apply_diff", op="delete", path=path) if text is None else \
+                self._files("apply_diff", op="write", path=path, content=text)
+            if isinstance(got, Observation):
+                return got
+        return Observation(summary)
 
     def _run_tests(self) -> Observation:
         res = self._exec(["python3", "-I", "-B", "-c", _RUNNER], timeout=self.test_timeout_s)  # -B: no __pycache__
@@ -540,14 +618,15 @@ MILESTONES = (
 @register
 class RepoEnv:
     name = "repo"
-    version = "2"  # 2: checkpoint/rollback tools, staged-verification milestones, the reference reproduces first
+    version = "3"  # 3: apply_diff, refactor tasks (level 5); 2: checkpoint/rollback tools, milestones
     category = "code"
     qa_kind = "terminal"
-    difficulties = (1, 2, 3, 4)
+    difficulties = (1, 2, 3, 4, 5)
     tools: tuple[ToolSpec, ...] = TOOLS
     milestones = MILESTONES
     hash_deps = ("assay.envs.builtin._common", "assay.envs.builtin._pyjudge", "assay.envs.builtin._repo_gen",
-                 "assay.envs.builtin._terminal_tasks", "assay.envs.builtin.terminal", "assay.envs.tools")
+                 "assay.envs.builtin._terminal_tasks", "assay.envs.builtin._unidiff", "assay.envs.builtin.terminal",
+                 "assay.envs.tools")
 
     def __init__(self, timeout_s: float = 10.0, memory_mb: int = 256, checkpoints: int = MAX_CHECKPOINTS) -> None:
         if not 0 <= checkpoints <= 32:
@@ -598,6 +677,13 @@ class RepoEnv:
                 at = text.index(args["search"])
                 files[args["path"]] = text[:at] + args["replace"] + text[at + len(args["search"]):]
                 seen = format_patch(args["path"], text[:at].count("\n") + 1, args["search"], args["replace"])
+            elif tool == "apply_diff":
+                writes, seen = plan_diff(args["diff"], files.get)
+                for path, text in writes.items():
+                    if text is None:
+                        del files[path]
+                    else:
+                        files[path] = text
             elif tool == "run_tests":
                 seen = tests_passed(len(task.payload["visible"]))
             else:
