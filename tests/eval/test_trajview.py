@@ -13,7 +13,7 @@ from repo_episodes import LONG_OUTPUT_LINES, MARKUP, run_episodes
 
 from assay.core.storage import trajectory_row
 from assay.envs.base import hooks
-from assay.envs.milestones import first_call, mark_milestones
+from assay.envs.milestones import mark_milestones
 from assay.eval.trajview import CLIP_LINES, OPEN_ALL, render_trajectory, split_turns
 
 
@@ -96,13 +96,17 @@ def test_milestones_show_per_episode_and_at_the_turn_a_declaration_locates(episo
     long = episodes.long
     text = page(long)
     assert long.milestones == {"reproduced": True, "visible_pass": True, "submitted": True}
-    assert "milestones 3/3" in text and "⚑" not in text  # repo's declarations locate none of them
-    located = tuple(replace(m, turn=first_call("submit")) if m.name == "submitted" else m
-                    for m in hooks(episodes.env).milestones)
-    mark_milestones([long], {"repo": located})
-    assert long.reward_info["milestone_turns"] == {"submitted": long.turns}
-    assert [k for _, k, _, s in folds(page(long)) if "⚑ submitted" in s] == [long.turns]
-    assert "milestone_turns" not in episodes.planned.reward_info
+    assert "milestones 3/3" in text
+    mark_milestones([long], {"repo": hooks(episodes.env).milestones})  # repo@3 locates reproduced and submitted
+    turns = long.reward_info["milestone_turns"]
+    assert turns["submitted"] == long.turns and 1 <= turns["reproduced"] < long.turns and "visible_pass" not in turns
+    shown = folds(page(long))
+    assert [k for _, k, _, s in shown if "⚑ submitted" in s] == [long.turns]
+    assert [k for _, k, _, s in shown if "⚑ reproduced" in s] == [turns["reproduced"]]
+    unlocated = tuple(replace(m, turn=None) for m in hooks(episodes.env).milestones)
+    del long.reward_info["milestone_turns"]
+    mark_milestones([long], {"repo": unlocated})
+    assert "milestone_turns" not in long.reward_info and "⚑" not in page(long)
 
 
 def test_a_shard_from_before_the_new_columns_still_lists(episodes, tmp_path):

@@ -54,7 +54,7 @@ from assay.envs.builtin._repo_gen import build
 from assay.envs.builtin._terminal_tasks import format_result
 from assay.envs.builtin._unidiff import DEV_NULL, DiffError, apply_hunks, parse_diff
 from assay.envs.builtin.terminal import populate
-from assay.envs.milestones import Milestone
+from assay.envs.milestones import Milestone, first_call
 from assay.envs.registry import env_hash, register
 from assay.envs.tools import object_schema, validate_call
 from assay.sandbox import Limits, open_sandbox
@@ -605,11 +605,23 @@ def _submitted(task: Task, messages: Sequence[Message], reward: Reward) -> bool:
     return reward.details.get("submitted") is True
 
 
+def _first_failing_run(task: Task, messages: Sequence[Message]) -> int | None:
+    """The turn of the first run_tests that reported failures (where `reproduced` is reached)."""
+    k = 0
+    for m in messages:
+        k += m.role == "assistant"
+        if k and m.role == "tool" and m.name == "run_tests" and not m.is_error and \
+                not m.content.endswith("[exit code 0]"):
+            return k
+    return None
+
+
 MILESTONES = (
-    Milestone("reproduced", "run_tests reported failures while the visible tests were as given", _reproduced),
+    Milestone("reproduced", "run_tests reported failures while the visible tests were as given", _reproduced,
+              turn=_first_failing_run),
     Milestone("visible_pass", "every visible test passes in the final workspace (verified)", _visible_pass,
               progress=True),
-    Milestone("submitted", "the policy called submit", _submitted),
+    Milestone("submitted", "the policy called submit", _submitted, turn=first_call("submit")),
 )
 
 
@@ -618,7 +630,7 @@ MILESTONES = (
 @register
 class RepoEnv:
     name = "repo"
-    version = "3"  # 3: apply_diff, refactor tasks (level 5); 2: checkpoint/rollback tools, milestones
+    version = "3"  # 3: apply_diff, refactor tasks (level 5), milestone turns; 2: checkpoints, milestones
     category = "code"
     qa_kind = "terminal"
     difficulties = (1, 2, 3, 4, 5)
