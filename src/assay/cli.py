@@ -415,6 +415,12 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
           alpha: Annotated[float, typer.Option(help="the canary test's error rates (false rollback, false "
                                                "promotion)")] = 0.05,
           margin: Annotated[float, typer.Option(help="the success-rate loss a promotion tolerates")] = 0.1,
+          latency_slo: Annotated[float | None, typer.Option(help="seconds a request may take: the canary is also rolled "
+                                                          "back when significantly more of its requests exceed it")
+                                 ] = None,
+          cost_budget: Annotated[int | None, typer.Option(help="tokens (prompt and completion) a request may use: the "
+                                                        "canary is also rolled back when significantly more of its "
+                                                        "requests exceed it")] = None,
           deployment: Annotated[Path | None, typer.Option(help="a JSON file kept with the deployment's versions, "
                                                           "hashes, pointer and decisions")] = None,
           golden: Annotated[list[Path] | None, typer.Option(
@@ -436,7 +442,8 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
 
     run_server(policy, get_profile(profile), ServeOptions(
         host, port, max_queue, max_batch, api_key_env, log=log, canary=canary, deployment_record=deployment,
-        canary_config=CanaryConfig(share, alpha, margin) if canary is not None else None,
+        canary_config=CanaryConfig(share, alpha, margin, latency_slo_s=latency_slo, cost_budget_tokens=cost_budget)
+        if canary is not None else None,
         golden=tuple(golden or ()), golden_margin=golden_margin))
 
 

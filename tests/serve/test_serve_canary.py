@@ -156,3 +156,63 @@ def test_assay_serve_with_a_canary_keeps_both_versions_with_their_hashes(policy,
     assert "canary: version 2" in "".join(output) and "may not be promoted: the golden suite" in "".join(output)
     assert json.loads((tmp_path / "deployment.json").read_text())["versions"][1]["hash"] == weights_hash(babbler)
     assert [t.policy_version for t in read_sessions(str(tmp_path / "log"))] == answered
+
+
+def test_a_slower_candidate_is_rolled_back_even_when_its_answers_are_right(deploy, policy, monkeypatch):
+    """The same weights, so the verdicts cannot tell them apart; the candidate's engine is slowed, and the latency
+    guard rolls it back."""
+    import time
+
+    server, d, cand = deploy(copy.deepcopy(policy), share=0.5, margin=0.1, min_feedback=10, latency_slo_s=1.0)
+    engine = cand.batcher.engine
+    step = engine.step
+
+    def slow_step():  # 0.15 s a token: the candidate's answers (7 tokens or more) miss 1 s
+        time.sleep(0.15)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    served = drive(server.url, d, limit=160)
+    assert d.decision == "rollback" and d.current == 1 and d.candidate is None, d.status()
+    rollback = d.history[-1]
+    assert rollback["event"] == "rollback" and rollback["reason"].startswith("latency: ") and rollback["interval"][1] >= 0
+    status = d.status()["versions"]
+    assert status[0]["canary_within_latency"] > 0.8 and status[1]["canary_within_latency"] == 0.0
+
+    with pytest.raises(AssayError, match="--latency-slo"):
+        CanaryConfig(latency_slo_s=0)
+    with pytest.raises(AssayError, match="--cost-budget"):
+        CanaryConfig(cost_budget_tokens=0)
+
+
+def test_the_guards_hold_a_promotion_until_latency_is_shown_within_the_margin():
+    """Simulated: equal success, equal latency; with a latency objective the promotion waits for its evidence
+    too, and a candidate outside the objective twice as often as the stable one is rolled back."""
+    from assay.serve.canary import Deployment, VersionStats
+
+    class State:  # what a Deployment reads of a served version
+        def __init__(self, n):
+            self.version = type("V", (), {"number": n})()
+            self.observers, self.route = [], None
+
+    def run(p_within_candidate: float, seed: int) -> tuple[str, int]:
+        rng = random.Random(seed)
+        cfg = CanaryConfig(share=0.5, margin=0.1, min_feedback=10, latency_slo_s=1.0)
+        d = Deployment({1: State(1), 2: State(2)}, 1, 2, cfg, stats={1: VersionStats(), 2: VersionStats()})
+        for n in range(1, 20001):
+            number = 2 if rng.random() < 0.5 else 1
+            st = d.stats[number]
+            st.canary_requests += 1
+            st.canary_within["latency"] = st.canary_within.get("latency", 0) + \
+                (rng.random() < (p_within_candidate if number == 2 else 0.9))
+            st.canary_verdicts += 1
+            st.canary_successes += rng.random() < 0.9
+            d._test()
+            if d.decision != "continue":
+                return d.decision, n
+        return d.decision, n
+
+    healthy = [run(0.9, s) for s in range(5)]
+    assert all(dec == "promote" for dec, _ in healthy)
+    slow = [run(0.45, s) for s in range(5)]
+    assert all(dec == "rollback" for dec, _ in slow) and max(n for _, n in slow) <= 400

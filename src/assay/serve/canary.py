@@ -23,6 +23,13 @@ With a golden-suite gate (`golden.py`, computed from two evaluation records when
 failing gate rolls the candidate back at once, and promotion needs the gate's `pass` as well as the live
 test's; the live test may still roll back whatever the gate said. Without one, promotion is by live
 feedback alone, and `GET /v1/deployment` says so.
+Latency and cost are watched the same way when the operator states an objective: `latency_slo_s` (a request
+slower than it misses) and `cost_budget_tokens` (a request using more prompt and completion tokens is over
+budget). Each makes every completed request a Bernoulli draw, within the objective or not, whether or not
+feedback comes, and the same confidence sequence on the difference of those rates rolls the candidate back
+when it is significantly more often outside the objective than the stable version, and holds a promotion
+until it is no more than `margin` worse. Each test runs at `alpha`, so with both objectives set, a candidate
+as good as the stable version on all three is falsely rolled back with probability at most 3 alpha.
 Rollback and promotion are pointer flips: no weights move, and every version stays loaded and listed with
 its hash, so `POST /v1/deployment/rollback` flips back to the previous version at any time."""
 
@@ -53,6 +60,7 @@ from assay.serve.sessions import Served
 log = logging.getLogger("assay.serve.canary")
 
 Decision = Literal["continue", "promote", "rollback"]
+Guard = Literal["latency", "cost"]
 PENDING = 100_000  # response ids remembered for feedback (the oldest are forgotten first)
 
 
@@ -63,6 +71,8 @@ class CanaryConfig:
     margin: float = 0.1  # the success-rate loss a promotion tolerates
     min_feedback: int = 20  # candidate verdicts before a promotion
     rho: float = 1.0  # the normal mixture's precision: tightest near n = 4 rho verdicts, valid everywhere
+    latency_slo_s: float | None = None  # a request slower than this misses the latency objective
+    cost_budget_tokens: int | None = None  # a request using more tokens (prompt and completion) is over budget
 
     def __post_init__(self) -> None:
         if not 0 < self.share < 1:
@@ -71,6 +81,15 @@ class CanaryConfig:
             raise AssayError(f"--alpha {self.alpha}: an error rate between 0 and 1, e.g. 0.05")
         if not 0 <= self.margin < 1:
             raise AssayError(f"--margin {self.margin}: a success-rate difference in [0, 1), e.g. 0.05")
+        if self.latency_slo_s is not None and not self.latency_slo_s > 0:
+            raise AssayError(f"--latency-slo {self.latency_slo_s}: give the seconds a request may take, e.g. 2.0")
+        if self.cost_budget_tokens is not None and self.cost_budget_tokens < 1:
+            raise AssayError(f"--cost-budget {self.cost_budget_tokens}: give the tokens a request may use, e.g. 2048")
+
+    def guards(self) -> dict[Guard, float]:
+        """The objectives the operator stated: guard -> its limit."""
+        limits: dict[Guard, float | None] = {"latency": self.latency_slo_s, "cost": self.cost_budget_tokens}
+        return {g: v for g, v in limits.items() if v is not None}
 
 
 def radius(n: int, alpha: float, rho: float) -> float:
@@ -113,13 +132,17 @@ class VersionStats:
     latency_s: float = 0.0  # summed
     successes: int = 0
     verdicts: int = 0
-    # during the canary only: what the test reads
+    # during the canary only: what the tests read
     canary_successes: int = 0
     canary_verdicts: int = 0
+    canary_requests: int = 0
+    canary_within: dict[str, int] = field(default_factory=dict)  # guard -> requests within its objective
 
     def summary(self) -> dict[str, Any]:
         n = max(self.requests, 1)
-        return {"requests": self.requests, "verdicts": self.verdicts, "successes": self.successes,
+        within = {f"canary_within_{g}": k / self.canary_requests for g, k in self.canary_within.items()
+                  if self.canary_requests}
+        return {"requests": self.requests, "verdicts": self.verdicts, "successes": self.successes, **within,
                 "success_rate": self.successes / self.verdicts if self.verdicts else None,
                 "mean_latency_s": self.latency_s / n, "mean_prompt_tokens": self.prompt_tokens / n,
                 "mean_completion_tokens": self.completion_tokens / n}
@@ -174,14 +197,22 @@ class Deployment:
     def observe(self, d: Served) -> None:
         with self._lock:
             st = self.stats[d.version.number]
+            prompt_tokens = sum(len(p) * len(rs) for p, rs in zip(d.prompts, d.results, strict=True))
             st.requests += 1
-            st.prompt_tokens += sum(len(p) * len(rs) for p, rs in zip(d.prompts, d.results, strict=True))
+            st.prompt_tokens += prompt_tokens
             st.completion_tokens += d.completion_tokens()
             st.latency_s += d.latency_s
             self.served_total += 1
             self._pending[d.request_id] = d.version.number
             while len(self._pending) > PENDING:
                 self._pending.popitem(last=False)
+            guards = self.cfg.guards()
+            if self.candidate is not None and guards:  # every request is evidence for the latency and cost tests
+                st.canary_requests += 1
+                used = {"latency": d.latency_s, "cost": prompt_tokens + d.completion_tokens()}
+                for g, limit in guards.items():
+                    st.canary_within[g] = st.canary_within.get(g, 0) + (used[g] <= limit)
+                self._test()
 
     def feedback(self, request_id: str, success: bool) -> dict[str, Any]:
         with self._lock:
@@ -202,15 +233,30 @@ class Deployment:
     def _test(self) -> None:
         assert self.candidate is not None
         s, c = self.stats[self.current], self.stats[self.candidate]
-        self.decision = decide((s.canary_successes, s.canary_verdicts), (c.canary_successes, c.canary_verdicts),
-                               self.cfg)
-        interval = difference_interval((s.canary_successes, s.canary_verdicts),
-                                       (c.canary_successes, c.canary_verdicts), self.cfg)
-        if self.decision == "rollback":
+        stable, candidate = (s.canary_successes, s.canary_verdicts), (c.canary_successes, c.canary_verdicts)
+        self.decision = decide(stable, candidate, self.cfg)
+        interval = difference_interval(stable, candidate, self.cfg)
+        guards = {g: difference_interval((s.canary_within.get(g, 0), s.canary_requests),
+                                         (c.canary_within.get(g, 0), c.canary_requests), self.cfg)
+                  for g in self.cfg.guards()}
+        if self.decision != "rollback" and (worse := [g for g, (_, high) in guards.items() if high < 0]):
+            g = worse[0]
+            self.decision = "rollback"
+            reason = (f"{g}: the share of requests within the objective ({self._objective(g)}) is significantly "
+                      f"lower, difference in [{guards[g][0]:.3f}, {guards[g][1]:.3f}]")
+            log.warning("canary: version %d rolled back on %s", self.candidate, reason)
+            self.candidate = None
+            self._event("rollback", self.current, interval, reason)
+        elif self.decision == "rollback":
             log.warning("canary: version %d is significantly worse than %d (success-rate difference in [%.3f, %.3f]); "
                         "rolled back", self.candidate, self.current, *interval)
             self.candidate = None
             self._event("rollback", self.current, interval)
+        elif self.decision == "promote" and (held := [g for g, (low, _) in guards.items() if low <= -self.cfg.margin]):
+            self.decision = "continue"  # not yet shown to be within the margin on latency or cost
+            if not any(e["event"] == "promotion_held" for e in self.history):
+                self._event("promotion_held", self.current, interval,
+                            f"{', '.join(held)}: not yet shown within {self.cfg.margin} of the stable version")
         elif self.decision == "promote" and self.gate is not None and not self.gate.allows_promotion:
             self.decision = "continue"  # the live test may still roll back
             if not any(e["event"] == "promotion_blocked" for e in self.history):
@@ -223,6 +269,9 @@ class Deployment:
                      *interval)
             self.current, self.candidate = self.candidate, None
             self._event("promote", self.current, interval)
+
+    def _objective(self, guard: Guard) -> str:
+        return f"{self.cfg.latency_slo_s:g} s" if guard == "latency" else f"{self.cfg.cost_budget_tokens} tokens"
 
     def flip(self, to: int | None = None) -> dict[str, Any]:
         """Point the deployment at another version (by default the one before the current): a manual rollback."""
