@@ -176,6 +176,7 @@ def test_a_slower_candidate_is_rolled_back_even_when_its_answers_are_right(deplo
     assert d.decision == "rollback" and d.current == 1 and d.candidate is None, d.status()
     rollback = d.history[-1]
     assert rollback["event"] == "rollback" and rollback["reason"].startswith("latency: ") and rollback["interval"][1] >= 0
+    assert sum(v == 2 for v, _ in served) >= 10 and rollback["requests"] <= 120  # fast, on latency alone
     status = d.status()["versions"]
     assert status[0]["canary_within_latency"] > 0.8 and status[1]["canary_within_latency"] == 0.0
 

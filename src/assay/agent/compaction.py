@@ -9,10 +9,12 @@ compaction never rewrites tokens already sampled (Trajectory.segments)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from assay.core.errors import AssayError
+from assay.core.types import Message
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,10 @@ class TurnBlock:
 RenderObservation = Callable[[list[str]], list[int]]  # tool results -> their ids (agent.render.observation_ids)
 # (turns, tokens to shed, turns to keep at the end, renderer) -> new turns; the loop counts what was shed
 CompactionRule = Callable[[Sequence[TurnBlock], int, int, RenderObservation], list[TurnBlock]]
+
+
+MESSAGE_RULES = ("elide_observations", "drop_turns")  # the rules `compact_messages` applies
+_STUB = re.compile(r"\[\S* ?output elided: \d+ characters\]")
 
 
 def stub(name: str, output: str) -> str:
@@ -91,3 +97,27 @@ def compaction_rule(name: str) -> CompactionRule | None:
         raise AssayError(f"agent.compaction: {name!r} is no compaction rule; the known ones are {known} "
                          "(register others with assay.agent.compaction.register_compaction)")
     return COMPACTION_RULES[name]
+
+
+def compact_messages(messages: Sequence[Message], head: int, rule: str, keep_last: int) -> list[Message] | None:
+    """The message-level form of a built-in rule, for a policy behind an endpoint (there are no token ids, and
+    the server reports only the prompt's total): every turn after the `head` messages but the last `keep_last`
+    is compacted at once, `elide_observations` stubbing its tool results, `drop_turns` dropping it whole (its
+    call and results together, as the chat API needs). None when nothing is left to shed."""
+    if rule not in MESSAGE_RULES:
+        raise AssayError(f"agent.compaction: {rule!r} has no message-level form for endpoint evaluation; use one of "
+                         f"{', '.join(MESSAGE_RULES)}")
+    starts = [i for i in range(head, len(messages)) if messages[i].role == "assistant"]
+    old = starts[:max(0, len(starts) - keep_last)]
+    if not old:
+        return None
+    end = starts[len(old)] if len(old) < len(starts) else len(messages)
+    if rule == "drop_turns":
+        return [*messages[:head], *messages[end:]]
+    out = list(messages)
+    for i in range(old[0], end):
+        m = out[i]
+        if m.role == "tool" and not _STUB.fullmatch(m.content):
+            out[i] = replace(m, content=stub(m.name or "", m.content))
+    return None if out == list(messages) else out
+
