@@ -143,9 +143,27 @@ def test_a_decision_file_with_json_and_both_answers_at_once(tmp_path):
     assert FileQueue(queue)._answer("both").verdict == "denied"  # both answers: denied
 
 
+SECRET = "s3cret-shared-with-the-webhook"
+
+
 class _Webhook(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
-        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        request = json.loads(raw)
+        if self.path.startswith("/signed"):  # checks Assay's signature, signs its answer (or, /signed-wrong, not)
+            from assay.agent.approvers import signature
+
+            stamp = self.headers.get("X-Assay-Timestamp", "")
+            genuine = self.headers.get("X-Assay-Signature") == signature(SECRET, stamp, raw)
+            body = json.dumps({"approve": genuine, "reason": "signed" if genuine else "unsigned request",
+                               "by": "bob"}).encode()
+            key = SECRET if self.path == "/signed" else "another secret"
+            self.send_response(200)
+            self.send_header("X-Assay-Signature", signature(key, request["id"], body))
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if self.path == "/broken":
             self.send_response(500)
             self.end_headers()
@@ -200,6 +218,27 @@ def test_the_webhook_approves_and_denies_and_a_failing_one_denies(webhook, tmp_p
     lines = audit(tmp_path / "audit.jsonl")
     assert [line["verdict"] for line in lines] == ["approved", "denied", "error", "error", "error", "timeout"]
     assert {line["channel"].rsplit("/", 1)[0] for line in lines[:2]} == {f"webhook:{webhook}"}
+
+
+def test_a_shared_secret_signs_requests_and_answers_and_plain_http_elsewhere_is_refused(webhook, tmp_path,
+                                                                                      monkeypatch):
+    def approvals(path: str) -> Approvals:
+        return open_approvals(ApprovalPolicy(tmp_path / "audit.jsonl", {"calc"}, channel=f"webhook:{webhook}{path}"))
+
+    task = calc_task(2, 3)
+    unsigned = approvals("/signed").decide(call("2+3"), task, 0)  # no secret here: the webhook's check fails
+    assert unsigned == Decision("denied", "unsigned request", "bob")
+    monkeypatch.setenv("ASSAY_APPROVAL_SECRET", SECRET)
+    assert approvals("/signed").decide(call("2+3"), task, 0) == Decision("approved", "signed", "bob")
+    forged = approvals("/signed-wrong").decide(call("2+3"), task, 0)  # an approval signed with another key
+    assert forged.verdict == "error" and "not signed with $ASSAY_APPROVAL_SECRET" in forged.reason
+    plain = approvals("/decide").decide(call("2+3"), task, 0)  # a webhook that does not sign: no approval
+    assert plain.verdict == "error"
+    assert SECRET not in (tmp_path / "audit.jsonl").read_text()
+    monkeypatch.delenv("ASSAY_APPROVAL_SECRET")
+    with pytest.raises(AssayError, match="plain HTTP to hooks.example.com could be forged"):
+        open_approvals(ApprovalPolicy(tmp_path / "audit.jsonl", {"calc"}, channel="webhook:http://hooks.example.com/a"))
+    open_approvals(ApprovalPolicy(tmp_path / "audit.jsonl", {"calc"}, channel="webhook:https://hooks.example.com/a"))
 
 
 def test_a_call_outside_the_allowlist_is_refused_without_asking(tmp_path):

@@ -5,6 +5,8 @@ failure as a Decision, a denial, never an exception."""
 from __future__ import annotations
 
 import getpass
+import hashlib
+import hmac
 import http.client
 import json
 import os
@@ -172,21 +174,40 @@ def _file(target: str) -> FileQueue:
     return FileQueue(Path(target))
 
 
+SECRET_ENV = "ASSAY_APPROVAL_SECRET"  # the webhook's shared secret: requests and answers signed with it
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def signature(secret: str, bound_to: str, body: bytes) -> str:
+    """`sha256=` and the hex HMAC-SHA256 of `bound_to.` and `body` under `secret`: a request is bound to its
+    timestamp (`X-Assay-Timestamp`), an answer to the request's id, so neither can be replayed elsewhere."""
+    return "sha256=" + hmac.new(secret.encode(), f"{bound_to}.".encode() + body, hashlib.sha256).hexdigest()
+
+
 @dataclass
 class Webhook:
     """POSTs the request as JSON to the URL and reads `{"approve": bool, "reason": str, "by": str}` back (reason
     and by optional). The server may hold the request open until a person decides, up to the request's
-    timeout; no answer by then, an error status, a refused connection or another answer is a denial."""
+    timeout; no answer by then, an error status, a refused connection or another answer is a denial. With a
+    shared secret (`$ASSAY_APPROVAL_SECRET`) every request carries `X-Assay-Timestamp` and `X-Assay-Signature`
+    (`signature(secret, timestamp, body)`), and an answer counts only with `X-Assay-Signature` equal to
+    `signature(secret, request id, answer body)`: whoever else answers at the URL cannot approve."""
 
     url: str
+    secret: str | None = field(default=None, repr=False)
 
     def decide(self, request: ApprovalRequest) -> Decision:
         by = redact_channel(f"webhook:{self.url}").removeprefix("webhook:")
-        post = urllib.request.Request(self.url, data=json.dumps(request.to_json(), ensure_ascii=False).encode(),
-                                      headers={"Content-Type": "application/json"}, method="POST")
+        data = json.dumps(request.to_json(), ensure_ascii=False).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.secret is not None:
+            stamp = str(int(time.time()))
+            headers |= {"X-Assay-Timestamp": stamp, "X-Assay-Signature": signature(self.secret, stamp, data)}
+        post = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(post, timeout=request.timeout_s) as resp:
                 body = resp.read(MAX_ANSWER)
+                signed = resp.headers.get("X-Assay-Signature", "")
         except urllib.error.HTTPError as e:
             return Decision("error", f"the webhook answered HTTP {e.code}", by)
         except urllib.error.URLError as e:
@@ -197,6 +218,9 @@ class Webhook:
             return _timeout(request, by)
         except (OSError, http.client.HTTPException) as e:
             return Decision("error", f"the webhook failed ({type(e).__name__}: {e})", by)
+        if self.secret is not None and not hmac.compare_digest(signed, signature(self.secret, request.id, body)):
+            return Decision("error", f"the webhook's answer is not signed with ${SECRET_ENV} for this request "
+                                     "(X-Assay-Signature missing or wrong)", by)
         try:
             answer = json.loads(body)
         except ValueError:
@@ -210,4 +234,9 @@ def _webhook(target: str) -> Webhook:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise AssayError(f"--approvals webhook:URL needs an http or https URL, got {target!r}; e.g. "
                          "--approvals webhook:https://approvals.example.com/assay")
-    return Webhook(target)
+    secret = os.environ.get(SECRET_ENV) or None
+    if secret is None and parts.scheme == "http" and parts.hostname not in LOOPBACK:
+        raise AssayError(f"--approvals webhook:{redact_channel('webhook:' + target).removeprefix('webhook:')}: an "
+                         f"approval over plain HTTP to {parts.hostname} could be forged on the way; use https, or "
+                         f"set {SECRET_ENV} (a secret shared with the webhook) to sign requests and answers")
+    return Webhook(target, secret)
