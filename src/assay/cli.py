@@ -492,7 +492,8 @@ def scale(run_dir: Annotated[Path, typer.Argument(help="runs/NAME of a run with 
 @app.command()
 def quickstart(overrides: Overrides = None,
                preset: Annotated[str, typer.Option(help="a config shipped with Assay: quickstart (the embedded "
-                                                   "default) or smollm2 (RL on SmolLM2-135M-Instruct)")] = "quickstart",
+                                                   "default), smollm2 (RL on SmolLM2-135M-Instruct) or smollm2_sft "
+                                                   "(SFT on clean demonstrations, then RL)")] = "quickstart",
                print_config: Annotated[bool, typer.Option(help="print the preset's config and exit")] = False) -> None:
     """The main job on the embedded default config: SFT, evaluate, multi-domain RL, evaluate again."""
     from assay.pipeline.quickstart import default_config, default_config_text, run_quickstart
