@@ -421,6 +421,10 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
           cost_budget: Annotated[int | None, typer.Option(help="tokens (prompt and completion) a request may use: the "
                                                         "canary is also rolled back when significantly more of its "
                                                         "requests exceed it")] = None,
+          verify_suite: Annotated[Path | None, typer.Option(
+              help="a pinned suite: a chat request whose metadata names one of its single-turn tasks ({\"assay_task\": "
+                   "ID}) and sends that task's prompt is graded by the task's verifier, its verdict fed to the canary's "
+                   "test like client feedback")] = None,
           deployment: Annotated[Path | None, typer.Option(help="a JSON file kept with the deployment's versions, "
                                                           "hashes, pointer and decisions")] = None,
           golden: Annotated[list[Path] | None, typer.Option(
@@ -444,7 +448,7 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
         host, port, max_queue, max_batch, api_key_env, log=log, canary=canary, deployment_record=deployment,
         canary_config=CanaryConfig(share, alpha, margin, latency_slo_s=latency_slo, cost_budget_tokens=cost_budget)
         if canary is not None else None,
-        golden=tuple(golden or ()), golden_margin=golden_margin))
+        golden=tuple(golden or ()), golden_margin=golden_margin, verify_suite=verify_suite))
 
 
 @app.command()

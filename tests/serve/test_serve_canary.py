@@ -6,6 +6,8 @@ one (the same weights) promoted, sticky sessions, feedback refusals, a manual ro
 import copy
 import json
 import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -217,3 +219,77 @@ def test_the_guards_hold_a_promotion_until_latency_is_shown_within_the_margin():
     assert all(dec == "promote" for dec, _ in healthy)
     slow = [run(0.45, s) for s in range(5)]
     assert all(dec == "rollback" for dec, _ in slow) and max(n for _, n in slow) <= 400
+
+
+def verified_suite(tmp_path, url: str):
+    """A jsonl suite whose answers are what the served policy answers greedily: its verifier (exact match) passes
+    the policy and fails anything else."""
+    import httpx
+    import yaml
+
+    from assay.envs import env_hash, get_env
+
+    prompts = [f"What is {a}+{7 * a % 50}?" for a in range(0, 80, 5)]
+    with httpx.Client(base_url=url, timeout=60) as c:
+        answers = [c.post("/v1/chat/completions", json={"model": "tiny-calc", "temperature": 0, "max_tokens": 16,
+                                                        "messages": [{"role": "user", "content": p}]}
+                          ).json()["choices"][0]["message"]["content"].removeprefix("Answer: ") for p in prompts]
+    data = tmp_path / "answers.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in zip(prompts, answers, strict=True)))
+    suite = tmp_path / "verified.yaml"
+    suite.write_text(yaml.safe_dump({"name": "verified", "entries": [
+        {"env": "jsonl@3", "env_args": {"path": str(data)}, "tasks": len(prompts), "levels": [1],
+         "hash": env_hash(get_env("jsonl", path=str(data)))}]}))
+    return suite
+
+
+def drive_tasks(url: str, d, tasks, limit: int) -> list[int]:
+    """Requests naming the suite's tasks, from distinct sessions, no client feedback; the version of each."""
+    def one(k: int) -> int:
+        task = tasks[k % len(tasks)]
+        with httpx.Client(base_url=url, timeout=60) as c:
+            r = c.post("/v1/chat/completions", headers={"X-Session-Id": f"user-{k}"}, json={
+                "model": "tiny-calc", "temperature": 0, "max_tokens": 16, "metadata": {"assay_task": task.task_id},
+                "messages": [{"role": m.role, "content": m.content} for m in task.prompt]})
+            assert r.status_code == 200, r.text
+            return int(r.headers["x-assay-version"])
+
+    out, k = [], 0
+    while d.decision == "continue" and k < limit:
+        with ThreadPoolExecutor(4) as pool:
+            out += pool.map(one, range(k, k + 8))
+        k += 8
+        time.sleep(0.2)  # the verdicts arrive on the verifier's threads
+    return out
+
+
+def test_requests_naming_suite_tasks_are_graded_by_their_verifier(deploy, serve, policy, babbler, tmp_path):
+    from assay.serve.verify import attach_verifier, suite_verifier
+
+    suite = verified_suite(tmp_path, serve().url)
+    broken, d, _ = deploy(babbler, share=0.5, margin=0.3, min_feedback=10)
+    verifier = suite_verifier(suite)
+    attach_verifier(verifier, d)
+    tasks = [t for t, _ in verifier.tasks.values()]
+    try:
+        drive_tasks(broken.url, d, tasks, limit=200)
+        assert d.decision == "rollback" and d.history[-1]["interval"][1] < 0, d.status()
+        stable = d.status()["versions"][0]
+        assert stable["verdicts"] >= 5 and stable["success_rate"] == 1.0  # the stable policy's own answers
+        with httpx.Client(base_url=broken.url, timeout=60) as c:
+            ask = {"model": "tiny-calc", "messages": [{"role": "user", "content": "What is 1+1?"}]}
+            unknown = c.post("/v1/chat/completions", json={**ask, "metadata": {"assay_task": "nope"}})
+            assert unknown.status_code == 400 and "no single-turn task of the suite verified" in unknown.text
+            other = c.post("/v1/chat/completions", json={**ask, "metadata": {"assay_task": tasks[0].task_id}})
+            assert other.status_code == 400 and "not task" in other.text
+    finally:
+        verifier.close()
+    healthy, d2, _ = deploy(copy.deepcopy(policy), share=0.5, margin=0.3, min_feedback=10)
+    verifier = suite_verifier(suite)
+    attach_verifier(verifier, d2)
+    try:
+        drive_tasks(healthy.url, d2, tasks, limit=400)
+        assert d2.decision == "promote" and d2.current == 2, d2.status()
+        assert verifier.verified >= 20 and verifier.failures == 0
+    finally:
+        verifier.close()

@@ -73,6 +73,8 @@ class ServeState:
     observers: list[Callable[[Served], None]] = field(default_factory=list)
     # a deployment of several versions: picks the state that answers a session (canary.Deployment.pick)
     route: Callable[[str | None], ServeState] | None = None
+    # request checks run before a request is queued (a suite task it names must be verifiable): raise ApiError
+    checks: list[Callable[[ChatCompletionRequest | CompletionRequest], None]] = field(default_factory=list)
     # more routes (the deployment's feedback and status), each given the app and the API-key check
     extra_routes: list[Callable[[FastAPI, Callable[[Request], None]], None]] = field(default_factory=list)
 
@@ -138,6 +140,8 @@ async def _serve(s: ServeState, request: Request, route: str, model: type[BaseMo
         if req.model != s.model_id:
             raise ApiError(404, f"model {req.model!r} is not served here; this server serves {s.model_id!r} "
                                 "(GET /v1/models)", param="model", code="model_not_found")
+        for check in s.checks:
+            check(req)
         s = _routed(s, request, req)
         if isinstance(req, ChatCompletionRequest):
             prompts = [chat_prompt_ids(s.tokenizer, req)]

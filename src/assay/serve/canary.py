@@ -5,7 +5,8 @@ and a pointer, `current`, to the version that serves. While a canary runs, a sha
 candidate: a session (the `X-Session-Id` header, else the request's `user`, else the request itself) is
 hashed to a point in [0, 1) and goes to the candidate below `share`, so a session stays on one version.
 Each version's requests, latency and token cost are recorded as they complete; success comes from
-`POST /v1/feedback {"id": RESPONSE_ID, "success": BOOL}`. After every verdict the sequential test decides:
+`POST /v1/feedback {"id": RESPONSE_ID, "success": BOOL}`, or from the task's own verifier where a request names
+a task of a pinned suite (`verify.py`). After every verdict the sequential test decides:
 
 The test. For each version the verdicts are Bernoulli draws with an unknown success rate p. Bernoulli
 draws are 1/2-sub-Gaussian, so by Robbins' normal mixture (mixing precision rho) and Ville's inequality,
@@ -220,15 +221,25 @@ class Deployment:
                 raise ApiError(404, f"no served response has id {request_id!r} (or it is too old, or its verdict "
                                     "was given already); send the id of a response this server gave",
                                param="id", code="unknown_response")
-            number = self._pending.pop(request_id)
-            st = self.stats[number]
-            st.verdicts += 1
-            st.successes += success
-            if self.candidate is not None:  # only verdicts during the canary are evidence for the test
-                st.canary_verdicts += 1
-                st.canary_successes += success
-                self._test()
+            number = self._record(request_id, [success])
             return {"id": request_id, "version": number, "decision": self.decision}
+
+    def verdicts(self, request_id: str, successes: list[bool]) -> None:
+        """A verifier's verdicts on a response (one per choice); nothing when the id was forgotten already."""
+        with self._lock:
+            if request_id in self._pending:
+                self._record(request_id, successes)
+
+    def _record(self, request_id: str, successes: list[bool]) -> int:
+        number = self._pending.pop(request_id)
+        st = self.stats[number]
+        st.verdicts += len(successes)
+        st.successes += sum(successes)
+        if self.candidate is not None:  # only verdicts during the canary are evidence for the test
+            st.canary_verdicts += len(successes)
+            st.canary_successes += sum(successes)
+            self._test()
+        return number
 
     def _test(self) -> None:
         assert self.candidate is not None

@@ -65,7 +65,8 @@ class _Request(BaseModel):
     stream_options: StreamOptions | None = Field(None, description="Streaming only: include_usage adds a last "
                                                                    "chunk with the token counts")
     user: str | None = Field(None, description="Accepted and ignored")
-    metadata: dict[str, Any] | None = Field(None, description="Accepted and ignored")
+    metadata: dict[str, Any] | None = Field(None, description="Accepted; `assay_task` names a suite task whose "
+                                                              "verifier grades the answer (assay serve --verify-suite)")
     store: bool | None = Field(None, description="Accepted and ignored")
     # declared only to be refused unless they keep their neutral value (see _unsupported)
     frequency_penalty: float | None = Field(None, description="Not supported unless 0")

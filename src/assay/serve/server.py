@@ -22,12 +22,13 @@ from assay.core.errors import AssayError
 from assay.rollout.engine import Engine, EngineConfig
 from assay.serve.app import ServeState, make_app
 from assay.serve.batcher import Batcher
-from assay.serve.canary import CanaryConfig, canary
+from assay.serve.canary import CanaryConfig, Deployment, canary
 from assay.serve.golden import Gate, load_gate
 from assay.serve.metrics import make_metrics
 from assay.serve.profile import ServeProfile
 from assay.serve.session_log import SessionLog
 from assay.serve.sessions import PolicyVersion, attach_log, weights_hash
+from assay.serve.verify import attach_verifier, suite_verifier
 
 log = logging.getLogger("assay.serve")
 
@@ -46,6 +47,7 @@ class ServeOptions:
     deployment_record: Path | None = None  # a JSON file holding the deployment (versions, hashes, pointer)
     golden: tuple[Path, ...] = ()  # evaluation records of both policies on one pinned suite: gate the promotion
     golden_margin: float | None = None  # the pass@1 loss the gate tolerates; None: the canary's margin
+    verify_suite: Path | None = None  # a pinned suite whose single-turn tasks, named by a request, are verified
 
 
 def policy_dir(policy: Path) -> Path:
@@ -99,7 +101,8 @@ def golden_gate_of(stable: Path, options: ServeOptions, profile: ServeProfile) -
     return load_gate(options.golden, stable, policy_dir(options.canary), profile.engine.weights, margin, cfg.alpha)
 
 
-def _candidate(stable: ServeState, options: ServeOptions, profile: ServeProfile, gate: Gate | None) -> ServeState:
+def _candidate(stable: ServeState, options: ServeOptions, profile: ServeProfile, gate: Gate | None
+               ) -> tuple[ServeState, Deployment]:
     """Load the canary's policy as version 2 and put both in a deployment."""
     from assay.core.modeling import load_model
 
@@ -115,8 +118,8 @@ def _candidate(stable: ServeState, options: ServeOptions, profile: ServeProfile,
              f"; deployment record {record}" if record else "")
     if gate is None:
         log.info("canary: promotion by live feedback only (--golden DIR gates it on a golden-suite evaluation too)")
-    canary(stable, candidate, cfg, record, gate)  # logs the gate's verdict, and a failing gate's rollback
-    return candidate
+    deployment = canary(stable, candidate, cfg, record, gate)  # logs the gate's verdict, and a failing gate's rollback
+    return candidate, deployment
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -153,12 +156,21 @@ def serve(policy: Path, profile: ServeProfile, options: ServeOptions) -> None:
     key_env = options.api_key_env
     api_key(key_env)  # an unset variable fails before the model loads
     gate = golden_gate_of(where, options, profile)  # and so does a mismatched golden record
+    if options.verify_suite is not None and options.canary is None:
+        raise AssayError("--verify-suite feeds a canary's test with the suite's verifiers: pass --canary CANDIDATE "
+                         "with it")
+    verifier = suite_verifier(options.verify_suite) if options.verify_suite is not None else None
     model, tokenizer = load_model(where)
     threads = apply_threads(0, model)
     state = build_state(model, tokenizer, options.model_id or str(policy), profile, options, policy_name=str(where))
     states = [state]
     if options.canary is not None:
-        states.append(_candidate(state, options, profile, gate))
+        candidate, deployment = _candidate(state, options, profile, gate)
+        states.append(candidate)
+        if verifier is not None:
+            attach_verifier(verifier, deployment)
+            log.info("canary: requests naming one of the %d single-turn tasks of suite %s are graded by its "
+                     "verifiers", len(verifier.tasks), verifier.suite)
     sessions = SessionLog(options.log) if options.log else None
     if sessions is not None:
         for s in states:
@@ -182,6 +194,8 @@ def serve(policy: Path, profile: ServeProfile, options: ServeOptions) -> None:
         sock.close()
         if sessions is not None:
             sessions.close()
+        if verifier is not None:
+            verifier.close()
 
 
 @dataclass
