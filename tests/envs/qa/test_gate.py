@@ -26,6 +26,7 @@ from broken_envs import (
     NanWithinTolerance,
     NegativeIndex,
     Nondeterministic,
+    PassesRightAfterAPass,
     RarelyFlaky,
     RegradesTheLastSubmit,
     RoutesAnswersByTheirProblem,
@@ -432,6 +433,25 @@ def test_a_loophole_of_each_class_is_caught_by_its_strategy(env_cls, name, klass
 @pytest.mark.parametrize(("env_cls", "name", "klass"), UNSEEN, ids=[e[0].__name__ for e in UNSEEN])
 def test_a_loophole_the_strategies_were_not_written_for_is_caught(env_cls, name, klass):
     check_loophole(env_cls(), name, klass, SMALL)
+
+
+def test_a_workspace_loophole_across_tasks_is_caught_by_its_strategy(isolated):
+    """Terminal: a pass granting the next minute's episodes a pass, whatever their task."""
+    from assay.core.types import Message, ToolCall
+    from assay.envs.qa.play import Replay, play
+
+    env = PassesRightAfterAPass(timeout_s=2.0)
+    env.difficulties = (1,)
+    cfg = QAConfig(tasks_per_level=4, repeats=1, cheat_tasks_per_level=1, noisy_samples=1, flake_rate=0.5)
+    PassesRightAfterAPass.last_pass[0] = float("-inf")
+    wrong = Replay("wrong", [Message("assistant", "", [ToolCall("bash", {"command": "true"})]),
+                             Message("assistant", "Done.")])
+    report = run_gate(env, cfg)
+    won = won_by(report, "no work, after another task was solved")
+    assert not report.passed and won and all("class state, tolerance " in r for r in won), \
+        [f.line() for f in report.failures]
+    PassesRightAfterAPass.last_pass[0] = float("-inf")  # an honest wrong episode, with no pass before it
+    assert not play(env, get_task(env, 1, 0), wrong).reward.passed
 
 
 @pytest.mark.parametrize(("env_cls", "name", "klass", "wrong"), CODE_LOOPHOLES,
