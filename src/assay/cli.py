@@ -68,7 +68,7 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
                    "in the run's config and on its trajectories; repeat for several")] = None,
           quiet: bool = False) -> None:
     """RL-train a policy on the config's domains."""
-    from assay.core.config import load_config
+    from assay.core.config import load_config, load_recorded_config
     from assay.core.storage import lock_run_dir, prepare_run_dir, release_run_dir
 
     overrides = list(overrides or [])
@@ -95,7 +95,7 @@ def train(config: Annotated[Path | None, typer.Argument(help="YAML config")] = N
                               log=console.print)
         raise typer.Exit(code)
     if resume is not None:
-        cfg = load_config(config or resume / "config.yaml", overrides)
+        cfg = load_config(config, overrides) if config else load_recorded_config(resume / "config.yaml", overrides)
         run_dir = resume
         lock_run_dir(run_dir)  # a run continued twice at once would interleave its records
     elif config is None:

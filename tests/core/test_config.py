@@ -69,3 +69,30 @@ def test_load_errors(tmp_path):
     scalar.write_text("3")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(scalar)
+
+
+def test_a_recorded_config_of_an_earlier_assay_is_migrated_and_a_written_one_is_not(tmp_path):
+    """A run's config.yaml from before the curriculum keys moved still reads (overlap checks and resumes follow
+    the chain of runs), with every renamed key where it is now; a config a user writes gets the message."""
+    import yaml
+
+    from assay.core.config import dump_config, load_config, load_recorded_config
+    from assay.core.errors import ConfigError
+    from assay.pipeline.quickstart import default_config
+
+    data = yaml.safe_load(dump_config(default_config([])))
+    for d in data["domains"]:
+        d["acceptance"] = d["difficulty"].pop("acceptance")
+        d["regression"] = d["difficulty"].pop("regression")
+        d["difficulty"].pop("window")
+    data["mixer"]["curriculum_window"] = 17
+    data["sft"]["warmup"] = data["sft"].pop("warmup_steps")
+    data["domains"][0]["acceptance"] = 0.61
+    old = tmp_path / "config.yaml"
+    old.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="is now domains\\[\\].difficulty.acceptance"):
+        load_config(old)
+    cfg = load_recorded_config(old, ["train.steps=3"])
+    assert cfg.domains[0].difficulty.acceptance == 0.61 and cfg.train.steps == 3
+    assert {d.difficulty.window for d in cfg.domains} == {17} and "curriculum_window" not in cfg.mixer.model_dump()
+    assert cfg.sft.warmup_steps == data["sft"]["warmup"]

@@ -600,10 +600,39 @@ def build_config(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = 
         raise ConfigError(_format_error(err)) from None
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file (`assay quickstart --print-config > run.yaml` writes the default one)")
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config (a run's config.yaml, written by an earlier Assay) in today's keys: each RENAMED key moved
+    where it is now, a value already there kept. Configs a user writes are not migrated: they get RENAMED's
+    message, so that the file is fixed once."""
+    data = yaml.safe_load(yaml.safe_dump(data))
+    domains = [d for d in data.get("domains") or [] if isinstance(d, dict)]
+    for old, new in RENAMED.items():
+        if old.startswith("domains.*."):
+            key = old.removeprefix("domains.*.")
+            moves = [(d, d.pop(key)) for d in domains if key in d]
+        else:
+            *parents, key = old.split(".")
+            holder = data
+            for part in parents:
+                holder = holder.get(part) if isinstance(holder, dict) else None
+            if not isinstance(holder, dict) or key not in holder:
+                continue
+            value = holder.pop(key)
+            moves = [(d, value) for d in domains] if new.startswith("domains[].") else [(data, value)]
+        for target, value in moves:
+            *parents, key = new.removeprefix("domains[].").split(".")
+            for part in parents:
+                target = target.setdefault(part, {})
+            target.setdefault(key, value)
+    return data
+
+
+def load_recorded_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """A run's own config.yaml, possibly written by an earlier Assay (see `migrate`)."""
+    return build_config(migrate(_read_yaml(Path(path))), overrides)
+
+
+def _read_yaml(p: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
@@ -612,7 +641,14 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"config {p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config {p}: the top level must be a mapping of keys, not {type(data).__name__}")
-    return build_config(data, overrides)
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file (`assay quickstart --print-config > run.yaml` writes the default one)")
+    return build_config(_read_yaml(p), overrides)
 
 
 def dump_config(cfg: Config) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from assay.core.config import load_config
+from assay.core.config import load_recorded_config
 from assay.core.errors import AssayError
 from assay.core.storage import trajectory_shards
 
@@ -47,7 +47,7 @@ def run_chain(run_dir: Path) -> list[Path]:
         todo.append(d / "sft")
         config = d / "config.yaml"
         if config.is_file():
-            start = load_config(config, []).model.path
+            start = load_recorded_config(config).model.path
             if start:  # runs/X/policy or runs/X/checkpoints/step_N: the run that made it
                 p = Path(start)
                 todo += [p.parent, p.parent.parent]
@@ -68,7 +68,7 @@ def training_task_ids(run_dir: Path) -> dict[str, set[str]]:
             ids[f"{d.name} trajectories"] = {t for s in shards for t in pq.read_table(s, columns=["task_id"])["task_id"]
                                              .to_pylist()}
         if (d / "policy").is_dir() and (d / "config.yaml").is_file():  # an SFT run (assay sft, quickstart's sft/)
-            cfg = load_config(d / "config.yaml", [])
+            cfg = load_recorded_config(d / "config.yaml")
             if cfg.sft.steps == 0:  # the starting policy saved as it came: it saw no SFT data
                 continue
             ids[f"{d.name} SFT data"] = {t.task_id for ts in sft_tasks(cfg, domain_envs(cfg)).values() for t in ts}
