@@ -53,6 +53,8 @@ def test_retry_repair_and_fallback_each_rescue_what_off_loses():
     fell_back = by["repair + fallback"]
     assert sum(t.fallback_calls for t in fell_back) > 0
     assert sum(t.tool_errors for t in fell_back) < sum(t.tool_errors for t in by["repair"])
-    assert all(t.turns == o.turns for t, o in zip(by["repair"], by["off"], strict=True))  # repairs cost no turn
+    # repairs cost no turn (off can take one more: a botched submit does not end its episode)
+    assert all(t.turns <= o.turns < t.turns + 2 for t, o in zip(by["repair"], by["off"], strict=True))
+    assert all(t.turns < r.turns for t, r in zip(by["repair"], by["retry"], strict=True))  # a retry is a turn
     text = table(rows, setup)
-    assert "| malformed calls | off | 0.00 |" in text and "| malformed calls | retry | 1.00 |" in text
+    assert f"| malformed calls | off | {passed['off'] / 2:.2f} |" in text and "| malformed calls | retry | 1.00 |" in text

@@ -633,6 +633,8 @@ def load_recorded_config(path: str | Path, overrides: list[str] | tuple[str, ...
 
 
 def _read_yaml(p: Path) -> dict[str, Any]:
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file (`assay quickstart --print-config > run.yaml` writes the default one)")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
@@ -645,10 +647,7 @@ def _read_yaml(p: Path) -> dict[str, Any]:
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file (`assay quickstart --print-config > run.yaml` writes the default one)")
-    return build_config(_read_yaml(p), overrides)
+    return build_config(_read_yaml(Path(path)), overrides)
 
 
 def dump_config(cfg: Config) -> str:
