@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from assay.agent.approvals import ApprovalCounts, Approvals
@@ -110,11 +110,9 @@ def _wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 @dataclass
 class _Counts:
-    """What an endpoint episode counts, in the agent loop's terms (Trajectory's fields of the same names)."""
+    """What an endpoint episode counts: Trajectory's fields of the same names, counted as the agent loop does."""
 
     turns: int = 0
-    free_turns: int = 0  # answered with a retry prompt: not counted against max_turns
-    streak: int = 0  # retry prompts in a row
     tool_errors: int = 0
     call_turns: int = 0
     malformed_calls: int = 0
@@ -167,7 +165,8 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
     usage = {"prompt_tokens": 0, "completion_tokens": 0}
     finish, status, error = "max_turns", OK, ""
     t0 = time.perf_counter()
-    while counts.turns - counts.free_turns < dom.max_turns:
+    free_turns = streak = 0  # turns answered with a retry prompt (not counted against max_turns); those in a row
+    while counts.turns - free_turns < dom.max_turns:
         try:
             resp = client.chat.completions.create(model=model, messages=_wire_messages(shown), temperature=temperature,
                                                   max_tokens=dom.max_new_tokens, seed=seed, **({"tools": tools} if tools
@@ -188,7 +187,7 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
         turn = Message("assistant", choice.message.content or "", calls)
         messages.append(turn)
         shown.append(turn)
-        retried, counts.streak = counts.streak, 0
+        retried, streak = streak, 0
         if not calls:
             counts.retry_successes += int(retried > 0)
             finish = "length" if choice.finish_reason == "length" else "stop"
@@ -198,8 +197,8 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
         counts.malformed_calls += int(any(problems))
         counts.retry_successes += int(retried > 0 and not any(problems))
         if any(problems) and retried < dom.tool_retries:
-            counts.free_turns += 1  # every call answered (the API needs it), none run
-            counts.streak, counts.retries = retried + 1, counts.retries + 1
+            free_turns += 1  # every call answered (the API needs it), none run
+            streak, counts.retries = retried + 1, counts.retries + 1
             said = "; ".join(p for p in problems if p)
             observations = [Observation(f"error: {said}\n{RETRY_PROMPT}", is_error=True) for _ in calls]
         else:
@@ -248,11 +247,7 @@ def _episode(client: Any, model: str, env: Environment, task: Task, dom: DomainC
     if error:
         info["error"] = error
     traj = Trajectory(task=task, messages=messages, token_ids=[], loss_mask=[], logprobs=[],
-                      prompt_len=0, turns=counts.turns, tool_errors=counts.tool_errors, call_turns=counts.call_turns,
-                      malformed_calls=counts.malformed_calls, retries=counts.retries,
-                      retry_successes=counts.retry_successes, degraded_calls=counts.degraded_calls,
-                      fallback_calls=counts.fallback_calls, peak_context=counts.peak_context,
-                      compactions=counts.compactions, compacted_turns=counts.compacted_turns,
+                      prompt_len=0, **asdict(counts),
                       memory_calls=notes.calls if notes is not None else 0,
                       memory_errors=notes.errors if notes is not None else 0,
                       approved_calls=approved.approved, denied_calls=approved.denied, refused_calls=approved.refused,
