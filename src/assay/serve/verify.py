@@ -65,9 +65,9 @@ class SuiteVerifier:
         self.task_of(req)
 
     def observe(self, d: Served) -> None:
-        found = self.task_of(d.req)
-        if found is not None:
-            self.pool.submit(self._verify, d, *found)
+        named = (d.req.metadata or {}).get(TASK_KEY)  # `check` validated the request before it was queued
+        if named is not None:
+            self.pool.submit(self._verify, d, *self.tasks[named])
 
     def _verify(self, d: Served, task: Task, env: Environment) -> None:
         verdicts = []
