@@ -792,13 +792,31 @@ def bench_agent(policy: Annotated[Path | None, typer.Argument(help="a policy dir
                                                             "under scripted failures (a wrong early edit, malformed "
                                                             "calls, overflow, drift) on repo tasks, in one table "
                                                             "(assay.bench.countermeasures)")] = False,
-                per_level: Annotated[int, typer.Option(help="--scripted: repo tasks per level (levels 2 and 4)")] = 4,
+                countermeasures: Annotated[bool, typer.Option(help="instead: POLICY's own repo episodes under each "
+                                                                    "long-horizon countermeasure (retry, repair, "
+                                                                    "fallback, compaction, memory, plan_execute), in "
+                                                                    "the --scripted table's columns")] = False,
+                per_level: Annotated[int, typer.Option(help="--scripted, --countermeasures: repo tasks per level "
+                                                            "(levels 2 and 4)")] = 4,
                 failure: Annotated[list[str] | None, typer.Option(help="--scripted: only this failure (repeat it): "
                                                                        "'wrong early edit', 'malformed calls', "
                                                                        "overflow, drift")] = None,
+                threads: Annotated[int, typer.Option(help="--countermeasures: torch threads (0: measured)")] = 0,
                 ) -> None:
     """The lockstep agent loop beside the online one on the quickstart's domains (or a config's); with
-    --scripted, the long-horizon countermeasures against scripted failures, in one table."""
+    --scripted, the long-horizon countermeasures against scripted failures, in one table; with
+    --countermeasures, a real policy under each of them, in the same table."""
+    if scripted and policy is not None:
+        raise typer.BadParameter("--scripted runs scripted policies: name no POLICY (or use --countermeasures)")
+    if countermeasures:
+        from assay.bench.countermeasures import run_model_countermeasures
+        from assay.bench.countermeasures import table as countermeasures_table
+
+        if policy is None:
+            raise typer.BadParameter("--countermeasures: name the policy directory, e.g. "
+                                     "assay bench agent runs/NAME/policy --countermeasures")
+        print(countermeasures_table(*run_model_countermeasures(policy, per_level=per_level, threads=threads)))
+        return
     if scripted:
         from assay.bench.countermeasures import FAILURES, run_countermeasures
         from assay.bench.countermeasures import table as countermeasures_table
