@@ -167,6 +167,22 @@ def test_kl_to_identical_reference_is_zero_and_bf16_runs():
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+def test_bf16_auto_follows_the_device_and_the_decoupled_weight_corrects_its_mismatch(monkeypatch):
+    import assay.train.trainer as trainer_module
+
+    batch = random_batch(6)
+    model = tiny_qwen()
+    with_behaviour_logprobs(model, batch, noise=0.0)  # the float32 rollout's log-probs exactly
+    for fast in (False, True):
+        monkeypatch.setattr(trainer_module, "fast_bf16", lambda device, fast=fast: fast)
+        assert GRPOTrainer(tiny_qwen(), cfg(bf16="auto")).bf16 is fast
+    assert GRPOTrainer(tiny_qwen(), cfg(bf16=True)).bf16 and not GRPOTrainer(tiny_qwen(), cfg()).bf16
+    m32 = GRPOTrainer(copy.deepcopy(model), cfg(loss={"decoupled": True})).accumulate_gradients(batch)
+    m16 = GRPOTrainer(copy.deepcopy(model), cfg(bf16=True, loss={"decoupled": True})).accumulate_gradients(batch)
+    assert m32["mismatch"] < 1e-5 < m16["mismatch"]  # bf16's log-probs differ from the float32 rollout's
+    assert m32["is_weight_mean"] == pytest.approx(1.0, abs=1e-5) != m16["is_weight_mean"]  # and are weighted
+
+
 def test_grpo_raises_reward_on_a_toy_bandit():
     """Reward 1 when the single sampled token is even: GRPO must raise p(even) from about 1/2."""
     model = tiny_qwen(seed=3)

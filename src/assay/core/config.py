@@ -255,9 +255,11 @@ class TrainConfig(_Strict):
         "Where ranks 1 .. ranks-1 run: `process`, processes spawned on this machine; `ray`, Ray actors on the "
         "run's cluster (`pipeline.ray`; CPU models only), each asking for `rank_cpus`"))
     rank_cpus: float = Field(1.0, gt=0, description="`rank_workers: ray`: CPUs each rank actor asks for")
-    bf16: bool = Field(False, description=(
+    bf16: bool | Literal["auto"] = Field(False, description=(
         "bf16 autocast in the trainer (log-probs stay float32): for a CPU with AMX or a GPU; without AMX it ran "
-        "10-20x slower than float32 (docs/architecture.md, Threads)"))
+        "10-20x slower than float32 (docs/architecture.md, Threads). `auto`: on where bf16 matmuls are fast (a CPU "
+        "with AMX, a GPU that supports bf16), else off. The rollout stays float32: pair it with `loss.decoupled`, "
+        "whose importance weight corrects the trainer/rollout log-prob mismatch (logged as `mismatch`)"))
     checkpoint_every: int = Field(10, gt=0, description="Steps between checkpoints")
     keep_checkpoints: int = Field(2, gt=0, description="How many checkpoints to keep (the newest)")
 

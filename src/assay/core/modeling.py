@@ -254,6 +254,14 @@ def choose_threads(model: PreTrainedModel, batch: int = 8, seq_len: int = 128, r
     return min(times, key=lambda n: times[n])
 
 
+def fast_bf16(device: torch.device) -> bool:
+    """Whether bf16 matmuls beat float32 here: a CUDA device that supports bf16, or a CPU with AMX tiles
+    (oneDNN's bf16 kernels without AMX ran 10-20x slower than float32; docs/architecture.md, Threads)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and torch.cpu._is_amx_tile_supported()
+
+
 def apply_threads(requested: int, model: PreTrainedModel) -> int:
     """Use `requested` torch threads, or (0) the count measured fastest for this model here."""
     n = requested or choose_threads(model)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from assay.core.config import TrainConfig
 from assay.core.errors import AssayError
 from assay.core.heap import keep_freed_memory_on
+from assay.core.modeling import fast_bf16
 from assay.core.types import Trajectory
 from assay.train.advantages import group_advantages
 from assay.train.batching import adamw, check_sequence, lr_at, pad_tokens, right_pad, set_lr
@@ -144,6 +145,7 @@ class GRPOTrainer:
             if ref_model is not None:
                 shard(ref_model)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.bf16 = cfg.bf16 is True or (cfg.bf16 == "auto" and fast_bf16(self.device))
         self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
         self.steps = 0  # optimizer steps taken
 
@@ -319,7 +321,7 @@ class GRPOTrainer:
             per_domain[d] = DomainSums(**{f: next(values) for f in fields})
 
     def _logprobs(self, model: nn.Module, b: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             if self.cfg.selective_logprobs:
                 if self.sharded:  # within FSDP's forward hooks (train/sharding.py)
                     return getattr(model, SELECTIVE)(b["input_ids"], b["attention_mask"], b["mask"], self.temperature)
