@@ -11,11 +11,17 @@ reached TRL's final pass rate.
 TRL is this script's own dependency, not Assay's (install it beside Assay in an environment of its own):
     python -m venv .venv-trl && .venv-trl/bin/pip install -e . -c constraints.txt trl==1.16.0
     .venv-trl/bin/python bench/trl_grpo.py runs/quickstart/sft/policy --steps 60
+
+On the packaged SmolLM2-135M-Instruct (RL alone on codegen, where the model as it came passes some tasks),
+with LoRA in both (peft's LoraConfig on the same modules) and Assay's selective log-probs:
+    .venv-trl/bin/python bench/trl_grpo.py smollm2 --lora-rank 16 --lr 3e-4 --max-tokens 128 --temperature 1.0 \
+        --steps 6 --prompts 4 --every 3 --eval-tasks 64 --eval-n 4 --runs trl,assay
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import random
 import tempfile
@@ -88,11 +94,21 @@ def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tupl
             if state.global_step % a.every == 0:
                 t0 = time.perf_counter()
                 d = out / f"trl-{state.global_step}"
-                kw["model"].save_pretrained(d)
+                m = kw["model"]
+                # adapters folded into a copy: a plain checkpoint, as Assay's are
+                (copy.deepcopy(m).merge_and_unload() if hasattr(m, "peft_config") else m).save_pretrained(d)
                 tok.save_pretrained(d)
                 saved[state.global_step] = (t0 - start - paused[0], d)
                 paused[0] += time.perf_counter() - t0
 
+    peft = None
+    if a.lora_rank:
+        from peft import LoraConfig as PeftLora
+
+        from assay.core.config import LoraConfig
+
+        peft = PeftLora(r=a.lora_rank, lora_alpha=2 * a.lora_rank, lora_dropout=0.0,
+                        target_modules=LoraConfig().target_modules, bias="none")
     cfg = GRPOConfig(output_dir=str(out / "trl"), num_generations=a.group, per_device_train_batch_size=a.prompts * a.group,
                      max_completion_length=a.max_tokens, temperature=a.temperature, learning_rate=a.lr,
                      epsilon=0.2, epsilon_high=0.28, beta=0.0, num_iterations=1, scale_rewards="none",
@@ -102,7 +118,7 @@ def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tupl
                      top_k=0, top_p=1.0)
     start = time.perf_counter()
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=Dataset.from_list(rows),
-                          processing_class=tok, callbacks=[Checkpoints()])
+                          processing_class=tok, callbacks=[Checkpoints()], peft_config=peft)
     trainer.train()
     wall = time.perf_counter() - start - paused[0]
     print(f"TRL: {wall:.1f} s, of which {reward_s[0]:.1f} s in the reward (verification)")
@@ -125,7 +141,9 @@ def run_assay(policy: Path, a: argparse.Namespace, out: Path, name: str
         "train": {"steps": a.steps, "groups_per_step": a.prompts, "lr": a.lr, "betas": [0.9, 0.99],
                   "dynamic_sampling": dynamic, "checkpoint_every": a.every, "keep_checkpoints": a.steps,
                   "loss": {"eps_low": 0.2, "eps_high": 0.28, "kl_coef": 0.0, "std_normalize": False,
-                           "aggregation": "token"}},
+                           "aggregation": "token"},
+                  "lora": {"rank": a.lora_rank, "alpha": 2.0 * a.lora_rank} if a.lora_rank else {"rank": 0},
+                  "selective_logprobs": a.lora_rank > 0},
         "eval": {"every": 0},
     }
     t0, epoch = time.perf_counter(), time.time()
@@ -161,6 +179,8 @@ def main() -> None:
     p.add_argument("--eval-n", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank in both (alpha 2 x rank); "
+                                                            "Assay then also computes selective log-probs")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--runs", default="trl,assay,assay-dynamic",
                    help="which to run: trl, assay (dynamic sampling off), assay-dynamic, assay-async; TRL's is the target")
