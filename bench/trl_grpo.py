@@ -34,7 +34,7 @@ import torch
 
 import assay
 from assay.agent.render import prompt_ids
-from assay.core.config import DomainConfig, RolloutConfig
+from assay.core.config import DomainConfig, LoraConfig, RolloutConfig
 from assay.core.modeling import load_model
 from assay.core.types import Message
 from assay.envs.episode import close_episode, start_episode
@@ -42,6 +42,7 @@ from assay.envs.registry import get_env
 from assay.envs.split import draw_task
 from assay.eval.evaluate import evaluate
 from assay.rollout.factory import make_backend
+from assay.train.lora import peft_config
 
 VERIFIERS = RolloutConfig().verifiers
 
@@ -52,6 +53,11 @@ def tasks_for(steps: int, prompts: int, seed: int) -> list:
     """Training tasks, levels 1-4 in equal parts (the quickstart's uniform schedule), prompts per step x steps."""
     env, rng = get_env(DOMAIN), random.Random(seed)
     return [draw_task(env, rng, 1 + i % 4, "train") for i in range(steps * prompts)]
+
+
+def lora(a: argparse.Namespace) -> dict[str, Any]:
+    """Both trainers' LoRA setting (rank 0: full fine-tuning)."""
+    return {"rank": a.lora_rank, "alpha": 2.0 * max(a.lora_rank, 1)}
 
 
 def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tuple[float, dict[int, tuple[float, Path]]]:
@@ -101,14 +107,7 @@ def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tupl
                 saved[state.global_step] = (t0 - start - paused[0], d)
                 paused[0] += time.perf_counter() - t0
 
-    peft = None
-    if a.lora_rank:
-        from peft import LoraConfig as PeftLora
-
-        from assay.core.config import LoraConfig
-
-        peft = PeftLora(r=a.lora_rank, lora_alpha=2 * a.lora_rank, lora_dropout=0.0,
-                        target_modules=LoraConfig().target_modules, bias="none")
+    peft = peft_config(LoraConfig(**lora(a))) if a.lora_rank else None  # the adapters Assay's run injects
     cfg = GRPOConfig(output_dir=str(out / "trl"), num_generations=a.group, per_device_train_batch_size=a.prompts * a.group,
                      max_completion_length=a.max_tokens, temperature=a.temperature, learning_rate=a.lr,
                      epsilon=0.2, epsilon_high=0.28, beta=0.0, num_iterations=1, scale_rewards="none",
@@ -142,7 +141,7 @@ def run_assay(policy: Path, a: argparse.Namespace, out: Path, name: str
                   "dynamic_sampling": dynamic, "checkpoint_every": a.every, "keep_checkpoints": a.steps,
                   "loss": {"eps_low": 0.2, "eps_high": 0.28, "kl_coef": 0.0, "std_normalize": False,
                            "aggregation": "token"},
-                  "lora": {"rank": a.lora_rank, "alpha": 2.0 * a.lora_rank} if a.lora_rank else {"rank": 0},
+                  "lora": lora(a),
                   "selective_logprobs": a.lora_rank > 0},
         "eval": {"every": 0},
     }

@@ -7,6 +7,7 @@ model gives them."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -15,13 +16,20 @@ from assay.core.config import LoraConfig
 from assay.core.errors import ConfigError
 
 
-def with_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
-    """`model` with adapters injected (in place) and wrapped as a peft model; only the adapters train."""
+def peft_config(cfg: LoraConfig) -> Any:
+    """peft's LoraConfig for `cfg` (what `with_lora` injects; other trainers compared with Assay's take it too)."""
     try:
         from peft import LoraConfig as PeftLoraConfig
-        from peft import get_peft_model
     except ImportError:
         raise ConfigError("train.lora needs peft: pip install -e '.[lora]'") from None
+    return PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                          target_modules=list(cfg.target_modules), bias="none")
+
+
+def with_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
+    """`model` with adapters injected (in place) and wrapped as a peft model; only the adapters train."""
+    config = peft_config(cfg)
+    from peft import get_peft_model
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     if tied and {"lm_head", "embed_tokens"} & set(cfg.target_modules):
         raise ConfigError("train.lora.target_modules: this model ties its output head to its embeddings, and an "
@@ -31,8 +39,7 @@ def with_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     if missing:
         raise ConfigError(f"train.lora.target_modules: the model has no module named {missing}; "
                           f"its linear layers are {sorted(_linear_names(model))}")
-    return get_peft_model(model, PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                                                target_modules=list(cfg.target_modules), bias="none"))
+    return get_peft_model(model, config)
 
 
 def is_lora(model: nn.Module) -> bool:
