@@ -3,6 +3,7 @@ holding half of the model, take the steps of one unsharded process; the rollout 
 a sharded checkpoint resumes exactly; and what is not built is refused with the fix named."""
 
 import glob
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -48,8 +49,22 @@ def _fail_at_step(pipeline, step: int) -> None:
     pipeline.train_step = train_step
 
 
-def _gloo_threads() -> list[str]:
-    return [name for f in glob.glob("/proc/self/task/*/comm") if "gloo" in (name := Path(f).read_text().strip())]
+def _thread_names() -> list[str]:
+    names = []
+    for comm in glob.glob("/proc/self/task/*/comm"):
+        try:
+            names.append(Path(comm).read_text().strip())
+        except FileNotFoundError:  # that thread ended between the listing and the read
+            pass
+    return names
+
+
+def _gloo_threads(wait_s: float = 5.0) -> list[str]:
+    """The gloo threads still alive after up to `wait_s`: threads end a moment after the group is destroyed."""
+    deadline = time.monotonic() + wait_s
+    while (gloo := [name for name in _thread_names() if "gloo" in name]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return gloo
 
 
 def _checkpoint(tmp_path, name: str, step: int) -> dict[str, torch.Tensor]:

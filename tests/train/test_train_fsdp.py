@@ -45,7 +45,12 @@ def _rank(rank: int, world: int, store: str, out: str, start: str) -> None:
         _steps(rank, out, start)
     finally:
         leave_process_group()  # the trainers, _steps's locals, are gone: the group ends here, not at exit
-    threads = [Path(f).read_text().strip() for f in glob.glob("/proc/self/task/*/comm")]
+    threads = []
+    for comm in glob.glob("/proc/self/task/*/comm"):
+        try:
+            threads.append(Path(comm).read_text().strip())
+        except FileNotFoundError:  # that thread ended between the listing and the read
+            pass
     Path(f"{out}/threads{rank}.json").write_text(json.dumps([t for t in threads if "gloo" in t]))
 
 
