@@ -5,15 +5,19 @@ user turn inside <tool_response> tags, Hermes-style <tool_call> JSON as added to
 written for this test. Rendering turn by turn, as the agent loop and SFT do, must give exactly the
 tokens the template gives for the whole conversation."""
 
+import json
+from dataclasses import replace
+
 import pytest
 from agent_fakes import FakeEpisode, ScriptedBackend, calc_task, reference, turn
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from assay.agent import render
 from assay.agent.loop import run_episodes
 from assay.agent.parse import parse_assistant
 from assay.agent.render import assistant_ids, observation_ids, prompt_ids, sft_example
-from assay.core.chat_format import chat_format
+from assay.core.chat_format import CALL_EXAMPLE, chat_format, with_tools_block
 from assay.core.errors import AssayError
 from assay.core.tokenizer import stop_token_ids
 from assay.core.types import Message, ToolCall
@@ -90,7 +94,10 @@ def test_turn_by_turn_tokens_equal_the_templates_whole_conversation(qwen_tok, ou
              *[Message("tool", o, name="calc") for o in outputs], Message("assistant", "Answer: 8")]
     ids = prompt_ids(qwen_tok, task) + assistant_ids(qwen_tok, turns[0]) + observation_ids(qwen_tok, outputs) \
         + assistant_ids(qwen_tok, turns[-1])
-    whole = qwen_tok.apply_chat_template(_wire(task.prompt + turns), tokenize=True, return_dict=False)
+    prompt = with_tools_block(task.prompt, task.tools, "hermes")  # this template renders no tools: Assay's block
+    # whose <tool_call> example is message text, spelled out, not the added token
+    whole = qwen_tok.apply_chat_template(_wire(prompt + turns), tokenize=True, return_dict=False,
+                                         **({"sanitize_control_tokens": True} if render._SANITIZES else {}))
     assert ids + qwen_tok.encode("\n", add_special_tokens=False) == list(whole)
     text = qwen_tok.decode(assistant_ids(qwen_tok, turns[0])[:-1])  # what a policy would sample, turn end cut
     content, parsed, err = parse_assistant(text)
@@ -169,7 +176,8 @@ def test_llama_style_layout_is_token_exact_and_its_json_calls_parse(llama_tok):
     final = Message("assistant", "Answer: 8")
     ids = prompt_ids(llama_tok, task) + assistant_ids(llama_tok, call) + observation_ids(llama_tok, ["8"]) \
         + assistant_ids(llama_tok, final)
-    whole = llama_tok.apply_chat_template(_wire(task.prompt + [call, Message("tool", "8", name="calc"), final]),
+    prompt = with_tools_block(task.prompt, task.tools, "llama3")
+    whole = llama_tok.apply_chat_template(_wire(prompt + [call, Message("tool", "8", name="calc"), final]),
                                           tokenize=True, return_dict=False)
     assert ids == list(whole)
     text = llama_tok.decode(assistant_ids(llama_tok, call)[:-1])
@@ -180,3 +188,23 @@ def test_llama_style_layout_is_token_exact_and_its_json_calls_parse(llama_tok):
     [traj] = run_episodes(backend, [(task, FakeEpisode(task))], llama_tok, SamplingParams(max_tokens=64), max_turns=4,
                           max_context=1024)
     assert traj.passed and traj.token_ids == ids
+
+
+def test_a_template_that_renders_no_tools_gets_assays_declared_tools_block(qwen_tok, tok):
+    """SmolLM2's template drops `tools=`: without a block the model would never see the tools it must call."""
+    assert not chat_format(qwen_tok).renders_tools and chat_format(tok).renders_tools
+    task = calc_task(3, 5)
+    text = qwen_tok.decode(prompt_ids(qwen_tok, task))
+    system = text.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\nUse the calc tool.\n\n")  # the task's own system text first
+    assert json.dumps(task.tools[0].to_json()) in system and CALL_EXAMPLE["hermes"] in system
+    bare = replace(task, prompt=task.prompt[1:])  # no system message: the block is one
+    assert qwen_tok.decode(prompt_ids(qwen_tok, bare)).startswith("<|im_start|>system\nYou can call these tools")
+    no_tools = replace(task, tools=[])
+    assert "You can call" not in qwen_tok.decode(prompt_ids(qwen_tok, no_tools))
+    assert "You can call" not in tok.decode(prompt_ids(tok, task))  # a template that renders tools gets no block
+
+
+@pytest.mark.parametrize("style", ["assay", "hermes", "llama3"])
+def test_the_blocks_call_example_is_a_call_in_its_style(style):
+    assert parse_assistant(CALL_EXAMPLE[style], style) == ("", [ToolCall("TOOL_NAME", {"ARGUMENT": "VALUE"})], None)

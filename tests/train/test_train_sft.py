@@ -57,6 +57,23 @@ def test_bucketed_step_gives_the_one_pass_gradient():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_a_bf16_step_computes_in_bf16_and_keeps_float32_weights():
+    g = torch.Generator().manual_seed(1)
+    batch = [(torch.randint(1, 64, (n,), generator=g).tolist(), [0] * 3 + [1] * (n - 3)) for n in (8, 20, 13)]
+    models = [tiny_qwen(), tiny_qwen()]
+    losses = [sft_step(m, torch.optim.SGD(m.parameters(), lr=0.1), batch, grad_clip=None, bf16=bf16)
+              for m, bf16 in zip(models, (False, True), strict=True)]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-2) and losses[1] != losses[0]  # bf16 rounding, same loss
+    assert all(p.dtype == torch.float32 for p in models[1].parameters())
+    step, drift = _max_diff(models[0], tiny_qwen()), _max_diff(models[0], models[1])
+    assert 0 < drift < 0.1 * step  # the same update, up to bf16's rounding
+
+
+@torch.no_grad()
+def _max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+
 def test_lr_schedule_by_hand():
     assert [lr_at(s, 1.0, 2, decay_steps=10) for s in (0, 1, 2, 6)] == pytest.approx([0.5, 1.0, 1.0, 0.5])
     assert lr_at(0, 0.1, 0, decay_steps=5) == pytest.approx(0.1)

@@ -168,13 +168,13 @@ def test_kl_to_identical_reference_is_zero_and_bf16_runs():
 
 
 def test_bf16_auto_follows_the_device_and_the_decoupled_weight_corrects_its_mismatch(monkeypatch):
-    import assay.train.trainer as trainer_module
+    import assay.core.modeling as modeling
 
     batch = random_batch(6)
     model = tiny_qwen()
     with_behaviour_logprobs(model, batch, noise=0.0)  # the float32 rollout's log-probs exactly
     for fast in (False, True):
-        monkeypatch.setattr(trainer_module, "fast_bf16", lambda device, fast=fast: fast)
+        monkeypatch.setattr(modeling, "fast_bf16", lambda device, fast=fast: fast)
         assert GRPOTrainer(tiny_qwen(), cfg(bf16="auto")).bf16 is fast
     assert GRPOTrainer(tiny_qwen(), cfg(bf16=True)).bf16 and not GRPOTrainer(tiny_qwen(), cfg()).bf16
     m32 = GRPOTrainer(copy.deepcopy(model), cfg(loss={"decoupled": True})).accumulate_gradients(batch)

@@ -21,7 +21,7 @@ import json
 
 from transformers import PreTrainedTokenizerBase
 
-from assay.core.chat_format import chat_format, template_kwargs
+from assay.core.chat_format import chat_format, template_kwargs, with_tools_block
 from assay.core.errors import AssayError
 from assay.core.tokenizer import special_token_id
 from assay.core.types import Message, Task
@@ -45,11 +45,16 @@ _SANITIZES = "sanitize_control_tokens" in inspect.signature(PreTrainedTokenizerB
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: Task) -> list[int]:
     """The task's prompt through the chat template (with the tokenizer's template kwargs, e.g.
-    enable_thinking=False), ending with the assistant generation prompt."""
+    enable_thinking=False), ending with the assistant generation prompt. Where the template renders no tool
+    schemas, Assay's declared tools block ends the system message (`core.chat_format.with_tools_block`)."""
     if not _SANITIZES:
         _refuse_control_tokens(tokenizer, task)
+    fmt = chat_format(tokenizer)
+    messages = task.prompt
+    if task.tools and not fmt.renders_tools:  # the model must see the tools it is asked to call
+        messages = with_tools_block(task.prompt, task.tools, fmt.tool_calls)
     out = tokenizer.apply_chat_template(
-        task.prompt,
+        messages,
         tools=[t.to_json() for t in task.tools] or None,
         add_generation_prompt=True,
         tokenize=True,

@@ -16,6 +16,10 @@ Reasoning (Qwen3's `<think>...</think>`): a template that renders an assistant m
 gives the text around it (`<think>\\n`, `\\n</think>\\n\\n`). A sampled turn that opens with it is split by
 `assay.agent.parse.split_reasoning`, and reasoning is rendered back in the same place.
 
+A template that ignores `tools=` (SmolLM2's renders no tool schema) would leave the model blind to the tools it
+is asked to use: Assay then adds its own declared block (`tools_block`), the schemas and the call syntax of the
+template's style, to the system message (`with_tools_block`). `ChatFormat.renders_tools` says which case holds.
+
 Template keyword arguments (`model.chat_template_kwargs`, e.g. Qwen3's `enable_thinking: false`) are bound to
 the tokenizer (`set_template_kwargs`), so the prompt, this layout and SFT are all rendered with the same ones."""
 
@@ -30,11 +34,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from assay.core.errors import AssayError
-from assay.core.types import ToolCall
+from assay.core.types import Message, ToolCall, ToolSpec
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 _USER, _ANSWER, _OUT1, _OUT2 = "\x01user\x01", "\x01answer\x01", "\x01out-one\x01", "\x01out-two\x01"
 _REASON = "\x01reasoning\x01"
+_PROBE_TOOL = "assay_probe_tool"  # a tool name no template prints unless it renders the tools it is given
 _KWARGS_ATTR = "assay_chat_template_kwargs"  # an attribute: it travels with the tokenizer to worker processes
 
 ToolCallStyle = Literal["assay", "hermes", "llama3"]
@@ -52,6 +57,7 @@ class ChatFormat:
     # template text before and after an assistant turn's reasoning, e.g. ("<think>\n", "\n</think>\n\n");
     # None: the template renders no reasoning
     think: tuple[str, str] | None = None
+    renders_tools: bool = True  # the template prints the schemas passed as `tools=`; False: Assay adds its block
 
     @property
     def think_tags(self) -> tuple[str, str] | None:
@@ -175,7 +181,49 @@ def _read(tokenizer: Any, kwargs: dict[str, Any]) -> ChatFormat:
     style: ToolCallStyle = ("assay" if f"{TOOL_CALL_START}{{" in call else
                             "llama3" if '"parameters"' in call and TOOL_CALL_START not in call else "hermes")
     splitter = re.compile("(" + "|".join(re.escape(s) for s in specials) + ")") if specials else None
-    return ChatFormat(turn_end, first, between, last, style, frozenset(specials), splitter, think)
+    return ChatFormat(turn_end, first, between, last, style, frozenset(specials), splitter, think,
+                      _renders_tools(tokenizer, user, kwargs))
+
+
+def _renders_tools(tokenizer: Any, user: dict[str, Any], kwargs: dict[str, Any]) -> bool:
+    probe = {"type": "function", "function": {"name": _PROBE_TOOL, "description": "",
+                                              "parameters": {"type": "object", "properties": {}}}}
+    try:
+        return _PROBE_TOOL in tokenizer.apply_chat_template([user], tools=[probe], tokenize=False,
+                                                            add_generation_prompt=True, **kwargs)
+    except Exception:  # a template that rejects tools renders none
+        return False
+
+
+CALL_EXAMPLE: dict[ToolCallStyle, str] = {
+    "assay": f'{TOOL_CALL_START}{{"name":"TOOL_NAME","arguments":{{"ARGUMENT":"VALUE"}}}}{TOOL_CALL_END}',
+    "hermes": f'{TOOL_CALL_START}\n{{"name": "TOOL_NAME", "arguments": {{"ARGUMENT": "VALUE"}}}}\n{TOOL_CALL_END}',
+    "llama3": '{"name": "TOOL_NAME", "parameters": {"ARGUMENT": "VALUE"}}',
+}
+_CALL_RULE: dict[ToolCallStyle, str] = {
+    "assay": "after any text, one block per call",
+    "hermes": "after any text, one block per call",
+    "llama3": "as the whole reply, nothing else",
+}
+
+
+def tools_block(tools: list[ToolSpec], style: ToolCallStyle) -> str:
+    """Assay's declaration of the tools, for a template that renders none: each schema as one JSON line, then the
+    call syntax that `assay.agent.parse.parse_assistant` reads in this style."""
+    schemas = "\n".join(json.dumps(t.to_json(), ensure_ascii=False) for t in tools)
+    return (f"You can call these tools (one JSON schema a line):\n{schemas}\n\n"
+            f"To call a tool, write ({_CALL_RULE[style]}):\n{CALL_EXAMPLE[style]}\n"
+            "Its result comes back in the next message.")
+
+
+def with_tools_block(prompt: list[Message], tools: list[ToolSpec], style: ToolCallStyle) -> list[Message]:
+    """The prompt with `tools_block` at the end of its system message (a system message of its own if it has none).
+    The block is message text, so a tokenizer's control tokens in it (e.g. `<tool_call>`) are spelled out, never forged."""
+    block = tools_block(tools, style)
+    if prompt and prompt[0].role == "system":
+        head = prompt[0]
+        return [Message("system", f"{head.content}\n\n{block}" if head.content else block), *prompt[1:]]
+    return [Message("system", block), *prompt]
 
 
 def _read_think(tokenizer: Any, user: dict[str, Any], head: str, kwargs: dict[str, Any]) -> tuple[str, str] | None:

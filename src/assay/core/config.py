@@ -293,6 +293,9 @@ class SFTConfig(_Strict):
     max_level: int | None = Field(None, ge=1, description=(
         "SFT only on levels up to this one (none: each domain's whole difficulty range), leaving the harder levels "
         "to RL"))
+    bf16: bool | Literal["auto"] = Field(False, description=(
+        "bf16 autocast in SFT's forward and backward (the loss, weights and optimizer stay float32), as `train.bf16`: "
+        "`auto` turns it on where bf16 matmuls are fast (a CPU with AMX, a GPU that supports bf16)"))
     label_noise: float = Field(0.0, ge=0, lt=1, description=(
         "An experiment key: share of demonstrations whose response is another task's (same domain and level), the "
         "label noise of demonstrations gathered from people or weaker models, which a verifier's reward can "

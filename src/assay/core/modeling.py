@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import (
@@ -260,6 +260,11 @@ def fast_bf16(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return device.type == "cpu" and torch.cpu._is_amx_tile_supported()
+
+
+def bf16_enabled(setting: bool | Literal["auto"], device: torch.device) -> bool:
+    """A `bf16` key's answer on this device: `auto` means where `fast_bf16` finds bf16 matmuls fast."""
+    return setting is True or (setting == "auto" and fast_bf16(device))
 
 
 def apply_threads(requested: int, model: PreTrainedModel) -> int:

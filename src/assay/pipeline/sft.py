@@ -9,7 +9,7 @@ from typing import Any
 
 from assay.agent.render import sft_example
 from assay.core.config import Config, dump_config
-from assay.core.modeling import apply_threads, save_model
+from assay.core.modeling import apply_threads, bf16_enabled, save_model
 from assay.core.storage import MetricsLogger, atomic_write
 from assay.core.types import Message, Task
 from assay.envs.base import Environment
@@ -80,9 +80,10 @@ def run_sft(cfg: Config, run_dir: Path, view: RunView | None = None) -> Path:
 
     try:
         s = cfg.sft
+        bf16 = bf16_enabled(s.bf16, next(model.parameters()).device)
         sft_train(model, examples, steps=s.steps, batch_size=s.batch_size, lr=s.lr, warmup=s.warmup_steps, seed=cfg.seed,
                   on_step=on_step, weight_decay=s.weight_decay, grad_clip=s.grad_clip, betas=s.betas,
-                  micro_batch_tokens=s.micro_batch_tokens)
+                  micro_batch_tokens=s.micro_batch_tokens, bf16=bf16)
     finally:
         metrics.close()
     save_model(model, tokenizer, out)

@@ -62,17 +62,20 @@ def sft_loss(model: nn.Module, batch: Sequence[Example]) -> Tensor:
 
 def sft_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, batch: Sequence[Example], grad_clip: float | None = 1.0,
-    micro_batch_tokens: int = 0,
+    micro_batch_tokens: int = 0, bf16: bool = False,
 ) -> float:
     """One optimizer step on the batch's mean loss, its gradient accumulated over length buckets of at
-    most `micro_batch_tokens` padded tokens (0: one pass); returns the loss before the step."""
+    most `micro_batch_tokens` padded tokens (0: one pass), the forward under bf16 autocast if `bf16`;
+    returns the loss before the step."""
     for i, (ids, mask) in enumerate(batch):
         _check(i, ids, mask)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     total, loss = max(1, learned_tokens(batch)), 0.0
+    device = next(model.parameters()).device
     for bucket in length_buckets(batch, micro_batch_tokens):
-        part = sft_nll(model, bucket) / total
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
+            part = sft_nll(model, bucket) / total
         part.backward()
         loss += float(part.item())
     if grad_clip is not None:
@@ -106,6 +109,7 @@ def sft_train(
     grad_clip: float | None = 1.0,
     betas: tuple[float, float] = (0.9, 0.95),
     micro_batch_tokens: int = 0,
+    bf16: bool = False,
 ) -> list[float]:
     """AdamW with warmup + cosine; the batch order depends only on `seed`. Returns the loss per step;
     `on_step(step, loss, lr)` is called after each step (for logging)."""
@@ -124,7 +128,7 @@ def sft_train(
     for step in range(steps):
         rate = lr_at(step, lr, warmup, decay_steps=steps)
         set_lr(optimizer, rate)
-        loss = sft_step(model, optimizer, [examples[i] for i in next(batches)], grad_clip, micro_batch_tokens)
+        loss = sft_step(model, optimizer, [examples[i] for i in next(batches)], grad_clip, micro_batch_tokens, bf16)
         losses.append(loss)
         if on_step is not None:
             on_step(step, loss, rate)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from assay.core.config import TrainConfig
 from assay.core.errors import AssayError
 from assay.core.heap import keep_freed_memory_on
-from assay.core.modeling import fast_bf16
+from assay.core.modeling import bf16_enabled
 from assay.core.types import Trajectory
 from assay.train.advantages import group_advantages
 from assay.train.batching import adamw, check_sequence, lr_at, pad_tokens, right_pad, set_lr
@@ -145,7 +145,7 @@ class GRPOTrainer:
             if ref_model is not None:
                 shard(ref_model)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.bf16 = cfg.bf16 is True or (cfg.bf16 == "auto" and fast_bf16(self.device))
+        self.bf16 = bf16_enabled(cfg.bf16, self.device)
         self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
         self.steps = 0  # optimizer steps taken
 
