@@ -23,6 +23,19 @@ def test_a_training_rise_without_a_held_out_rise_is_flagged():
     assert watch.evaluated({"a": (0.30, 0.02)}) == []  # no further training rise: nothing new to flag
 
 
+def test_a_rise_within_the_watch_sets_noise_is_not_flagged():
+    """32 watch tasks: held-out s.e. 0.08. A training rise of 0.10 beside a held-out dip of 0.01 is noise;
+    the same rise of 0.40 is not."""
+    for rise, flagged in ((0.10, False), (0.40, True)):
+        watch = LoopholeWatch(margin=0.05)
+        watch.observe({"a": 0.50})
+        watch.observe({"a": 0.52})
+        watch.evaluated({"a": (0.45, 0.08)})
+        watch.observe({"a": 0.51 + rise})
+        watch.observe({"a": 0.51 + rise})
+        assert bool(watch.evaluated({"a": (0.44, 0.08)})) is flagged
+
+
 def test_training_logs_pass_rates_and_evaluates_held_out_periodically(tiny_config, tmp_path):
     cfg = load_config(tiny_config(name="mon"), ["eval.every=3", "eval.watch_tasks=2", "eval.watch_n=2"])
     make_pipeline(cfg, tmp_path / "mon").run()

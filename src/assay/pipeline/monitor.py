@@ -9,6 +9,8 @@ flagged: the signature of a loophole being learned rather than the task."""
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,11 +63,14 @@ def training_summary(store: Path, spec: str) -> dict[str, dict[str, Any]]:
 @dataclass
 class LoopholeWatch:
     """Compares, between consecutive held-out evaluations, each domain's change in training pass rate
-    with its change in held-out pass@1."""
+    with its change in held-out pass@1. A warning needs the training rise above `margin`, no held-out rise
+    beyond its standard error, and the gap between the two changes beyond twice its own standard error
+    (both held-out estimates' and both training windows'): a small watch set's noise alone never warns."""
 
     margin: float  # a training rise above this, with no held-out rise, is flagged
     train: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # per step since last eval
-    last: dict[str, tuple[float, float]] = field(default_factory=dict)  # domain -> (train rate, held-out)
+    # domain -> (train rate, its s.e., held-out pass@1, its s.e.) at the last evaluation
+    last: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
 
     def observe(self, pass_rates: dict[str, float | None]) -> None:
         for name, rate in pass_rates.items():
@@ -80,13 +85,16 @@ class LoopholeWatch:
             if not recent:
                 continue
             train_rate = sum(recent) / len(recent)
+            train_se = statistics.stdev(recent) / math.sqrt(len(recent)) if len(recent) > 1 else 0.0
             if name in self.last:
-                train_before, held_before = self.last[name]
+                train_before, train_se_before, held_before, se_before = self.last[name]
                 rise, moved = train_rate - train_before, value - held_before
-                if rise > self.margin and moved <= se:  # held out did not rise beyond its own noise
+                gap_se = math.sqrt(se**2 + se_before**2 + train_se**2 + train_se_before**2)
+                if rise > self.margin and moved <= se and rise - moved > 2 * gap_se:
                     warnings.append(f"{name}: training pass rate rose by {rise:.2f} while held-out pass@1 moved by "
-                                    f"{moved:+.2f} (s.e. {se:.2f}): the policy may be learning a loophole, not the "
-                                    f"task; run assay env check on its environment")
-            self.last[name] = (train_rate, value)
+                                    f"{moved:+.2f} (s.e. {se:.2f}; the gap {rise - moved:.2f}, s.e. {gap_se:.2f}): "
+                                    "the policy may be learning a loophole, not the task; run assay env check on "
+                                    "its environment")
+            self.last[name] = (train_rate, train_se, value, se)
             self.train[name] = []
         return warnings
