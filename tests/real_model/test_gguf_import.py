@@ -58,3 +58,17 @@ def test_cli_import_and_a_gguf_model_path(tmp_path):
     assert result.exit_code != 0 and not (tmp_path / "out").exists()
     model, tok = load_model(packaged_gguf("smollm2"))  # model.path may name the file itself
     assert model.config.model_type == "llama" and chat_format(tok).turn_end == "<|im_end|>"
+
+
+def test_a_packaged_model_is_evaluated_by_name_and_identified_by_its_gguf(tmp_path):
+    import hashlib
+    from pathlib import Path
+
+    from assay.core.errors import AssayError
+    from assay.eval.record import policy_identity
+
+    identity = policy_identity(Path("smollm2"))
+    assert identity == {"kind": "gguf", "path": "smollm2",
+                        "weights_sha256": hashlib.sha256(packaged_gguf("smollm2").read_bytes()).hexdigest()}
+    with pytest.raises(AssayError, match="holds no \\*.safetensors weights.*a .gguf file or a packaged model"):
+        policy_identity(tmp_path)

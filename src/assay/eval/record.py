@@ -19,6 +19,7 @@ import numpy as np
 
 from assay.core.atomic import atomic_write
 from assay.core.errors import AssayError
+from assay.core.gguf_import import PACKAGED, resolve_gguf
 from assay.core.storage import TrajectoryWriter
 from assay.core.types import OK, Trajectory
 from assay.envs.base import Environment
@@ -30,18 +31,26 @@ RECORD = "record.json"
 TASK_METRICS = ("pass@1", "turns", "completion_tokens", "tool_errors")
 
 
-def policy_identity(policy_dir: Path) -> dict[str, str]:
-    """A checkpoint is identified by the hash of its weights, not its path."""
-    weights = sorted(policy_dir.glob("*.safetensors"))
+def policy_identity(policy: Path) -> dict[str, str]:
+    """A checkpoint is identified by the hash of its weights, not its path; a .gguf file or a packaged model's
+    name (as `model.path` takes them) by the hash of its GGUF file."""
+    if policy.suffix == ".gguf" or (not policy.exists() and str(policy) in PACKAGED):
+        return {"kind": "gguf", "path": str(policy), "weights_sha256": _sha256([resolve_gguf(policy)])}
+    weights = sorted(policy.glob("*.safetensors"))
     if not weights:
-        raise AssayError(f"{policy_dir} holds no *.safetensors weights; pass a policy directory "
-                         "(runs/NAME/policy or runs/NAME/checkpoints/step_N)")
+        raise AssayError(f"{policy} holds no *.safetensors weights; pass a policy directory "
+                         f"(runs/NAME/policy or runs/NAME/checkpoints/step_N), a .gguf file or a packaged model "
+                         f"({', '.join(PACKAGED)})")
+    return {"kind": "checkpoint", "path": str(policy), "weights_sha256": _sha256(weights)}
+
+
+def _sha256(files: list[Path]) -> str:
     digest = hashlib.sha256()
-    for w in weights:
+    for w in files:
         with w.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
-    return {"kind": "checkpoint", "path": str(policy_dir), "weights_sha256": digest.hexdigest()}
+    return digest.hexdigest()
 
 
 def _per_task(r: DomainEval) -> dict[str, dict[str, Any]]:
