@@ -138,7 +138,8 @@ def sft(config: Annotated[Path, typer.Argument(help="YAML config")], overrides: 
 
 
 @app.command(name="eval")
-def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, a .gguf file or a packaged model (smollm2), or a suite YAML (then --policy)")],
+def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, a .gguf file or a packaged model "
+                                                        "(smollm2), or a suite YAML (then --policy)")],
           env: Annotated[list[str] | None, typer.Option(help="environment NAME or NAME@VERSION; repeat for "
                                                         "several (without a suite)")] = None,
           policy: Annotated[list[Path] | None, typer.Option(help="policy directory to run a suite on; repeat "
