@@ -809,6 +809,9 @@ def bench_agent(policy: Annotated[Path | None, typer.Argument(help="a policy dir
     --countermeasures, a real policy under each of them, in the same table."""
     if scripted and policy is not None:
         raise typer.BadParameter("--scripted runs scripted policies: name no POLICY (or use --countermeasures)")
+    if scripted and countermeasures:
+        raise typer.BadParameter("--scripted and --countermeasures are two tables: --scripted for scripted policies, "
+                                 "--countermeasures POLICY for a real one; pass one of them")
     if countermeasures:
         from assay.bench.countermeasures import run_model_countermeasures
         from assay.bench.countermeasures import table as countermeasures_table

@@ -26,3 +26,12 @@ def test_a_policy_runs_its_own_episodes_under_every_setting(tmp_path):
     text = table(rows, setup)
     for s in MODEL_SETTINGS:
         assert f"| none injected (babbler) | {s.name} | 0.00 |" in text
+
+
+def test_scripted_and_countermeasures_together_are_refused(tmp_path):
+    from typer.testing import CliRunner
+
+    from assay.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "agent", "--scripted", "--countermeasures"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "pass one of them" in result.output
