@@ -162,8 +162,8 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, a .gg
           backend: Annotated[str, typer.Option(help="rollout backend: engine, hf, vllm or a registered one")] = "engine",
           kv_cache_mb: Annotated[int, typer.Option(help="the engine's KV cache in MiB; 0: room for every episode "
                                                    "at once, up to a quarter of the free memory")] = 0,
-          weights: Annotated[str, typer.Option(help="the engine's weights: float32, or int8 (rollout.weights; "
-                                               "what `assay serve --profile fast` runs)")] = "float32",
+          weights: Annotated[str, typer.Option(help="the engine's weights: float32, int8 (what `assay serve "
+                                               "--profile fast` runs), bf16 or auto (rollout.weights)")] = "float32",
           run: Annotated[Path | None, typer.Option(help="runs/NAME that trained the policy: check that no "
                                                    "evaluation task is in its RL trajectories or SFT data")] = None,
           out: Annotated[Path | None, typer.Option(help=f"record directory (default: {describe('evals')}/<time>)")] = None,
@@ -733,8 +733,8 @@ def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, 
                   threads: Annotated[int, typer.Option(help="torch threads in every process (0: torch's default)")] = 0,
                   rounds: Annotated[int, typer.Option(help="runs of each backend on each workload, alternated")] = 3,
                   backends: Annotated[str | None, typer.Option(
-                      help="comma-separated: hf, engine, engine-torch (on torch.mm), vllm-32, vllm-128 (vLLM with KV blocks of 32 or 128 "
-                           "tokens); default: hf and engine, with both vLLM rows where vLLM is installed or "
+                      help="comma-separated: hf, engine, engine-torch (on torch.mm), engine-bf16 (bf16 GEMMs), "
+                           "vllm-32, vllm-128 (vLLM with KV blocks of 32 or 128 tokens); default: hf and engine, with both vLLM rows where vLLM is installed or "
                            "--vllm-python is given")] = None,
                   vllm_python: Annotated[str | None, typer.Option(
                       help="an interpreter whose environment has vLLM and Assay (vLLM in an environment of its own)"

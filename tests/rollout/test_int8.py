@@ -90,7 +90,7 @@ def test_int8_decode_step_in_c_equals_the_fused_rows(model, tok):
 def test_int8_needs_the_cpu_kernels_and_onednn(model, tok):
     with pytest.raises(AssayError, match="weights int8"):
         Engine(model, tok, EngineConfig(**SMALL, weights="int8", gemm="torch"))
-    with pytest.raises(AssayError, match="float32 or int8"):
+    with pytest.raises(AssayError, match="float32, int8 or bf16"):
         Engine(model, tok, EngineConfig(**SMALL, weights="int4"))
 
 

@@ -37,10 +37,11 @@ from assay.core import heap
 from assay.core.errors import AssayError
 from assay.rollout.base import GenRequest, OnlineBackend, SamplingParams
 
-# engine-torch: the engine on torch.mm instead of oneDNN (rollout.gemm: torch); vllm-B: vLLM with KV blocks of B tokens
-BACKENDS = ("hf", "engine", "engine-torch", "vllm-32", "vllm-128")
+# engine-torch: the engine on torch.mm instead of oneDNN (rollout.gemm: torch); engine-bf16: on bf16 GEMMs
+# (rollout.weights: bf16); vllm-B: vLLM with KV blocks of B tokens
+BACKENDS = ("hf", "engine", "engine-torch", "engine-bf16", "vllm-32", "vllm-128")
 ROW_MARK = "assay-bench-row "  # prefixes the one stdout line a measuring process reports
-LABELS = {"hf": "HF generate", "engine": "assay engine", "vllm-32": "vLLM, block 32", "vllm-128": "vLLM, block 128"}
+LABELS = {"hf": "HF generate", "engine": "assay engine", "engine-bf16": "assay engine, bf16", "vllm-32": "vLLM, block 32", "vllm-128": "vLLM, block 128"}
 
 
 @dataclass(frozen=True)
@@ -198,11 +199,12 @@ def _sessions_online(backend: OnlineBackend, firsts: list[list[int]], obs: list[
 def _start(backend: str, model: Qwen2ForCausalLM, s: Settings):  # -> the backend, or None for transformers
     if backend == "hf":
         return None
-    if backend in ("engine", "engine-torch"):
+    if backend in ("engine", "engine-torch", "engine-bf16"):
         from assay.rollout.engine import Engine, EngineConfig
 
         gemm = "torch" if backend == "engine-torch" else "auto"
-        return Engine(model, None, EngineConfig(kv_cache_bytes=s.kv_cache_mb * 2**20, gemm=gemm))
+        weights = "bf16" if backend == "engine-bf16" else "float32"
+        return Engine(model, None, EngineConfig(kv_cache_bytes=s.kv_cache_mb * 2**20, gemm=gemm, weights=weights))
     if backend.startswith("vllm-"):
         from assay.rollout.vllm import VLLMBackend
 

@@ -330,10 +330,14 @@ class RolloutConfig(_Strict):
         "Engine: the GEMMs' library; `auto` runs float32 on the CPU through oneDNN on prepacked weights (a packed "
         "copy of the weights beside them), and a decode step's few rows on the C kernel's weight panels (one more "
         "copy, made when first needed); `torch` keeps `torch.mm`"))
-    weights: Literal["float32", "int8"] = Field("float32", description=(
+    weights: Literal["float32", "int8", "bf16", "auto"] = Field("float32", description=(
         "Engine: `int8` runs the layers' linears on weight-only int8 (per output feature, symmetric scales) made "
         "from the float32 weights: a decode step's few rows on the int8 C kernel (a quarter of the bytes read), "
-        "more rows on oneDNN with the dequantized weights; the LM head stays float32. A float32 model on the CPU"))
+        "more rows on oneDNN with the dequantized weights. `bf16` runs them as bf16 GEMMs on oneDNN (for a CPU with "
+        "AMX; 10-20x slower without), outputs in float32. The LM head stays float32 in both. `auto`: bf16 where "
+        "`train.bf16: auto` would be on (a CPU with AMX), else float32. A float32 model on the CPU; the engine "
+        "samples every episode of the run with them, its evaluations included, so pair a lossy setting with "
+        "`train.loss.decoupled`"))
     warm_up: bool = Field(True, description=(
         "Engine: one throwaway step of `max_batched_tokens` tokens as it starts, so that a step's memory is "
         "allocated once and kept; off saves ~1 s of start-up on a 57M-parameter model, "

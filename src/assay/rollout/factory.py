@@ -72,7 +72,20 @@ def _engine(cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrainedTok
                                                  max_batched_tokens=cfg.max_batched_tokens, max_seqs=cfg.max_seqs,
                                                  speculative_tokens=cfg.speculative_tokens,
                                                  speculative_max_batch=cfg.speculative_max_batch, gemm=cfg.gemm,
-                                                 weights=cfg.weights, warm_up=cfg.warm_up))
+                                                 weights=engine_weights(cfg.weights, model), warm_up=cfg.warm_up))
+
+
+def engine_weights(setting: str, model: PreTrainedModel) -> str:
+    """`rollout.weights` for this model: `auto` is bf16 on a CPU where bf16 matmuls are fast, else float32."""
+    if setting != "auto":
+        return setting
+    import torch
+
+    from assay.core.modeling import fast_bf16
+
+    param = next(model.parameters())
+    return "bf16" if param.device.type == "cpu" and param.dtype == torch.float32 and fast_bf16(param.device) \
+        else "float32"
 
 
 @register_backend("hf")

@@ -55,7 +55,8 @@ class EngineConfig:
     speculative_ngram: int = 3  # longest n-gram looked up for a draft
     speculative_min_ngram: int = 1  # shortest: a longer match drafts less often and is accepted more often
     gemm: str = "auto"  # auto: oneDNN on prepacked weights where it runs (float32, CPU); torch: torch.mm
-    weights: str = "float32"  # int8: weight-only int8 per output feature for the layers' linears (onednn.py)
+    # int8: weight-only int8 per output feature for the layers' linears; bf16: bf16 GEMMs for them (onednn.py)
+    weights: str = "float32"
     int8_head: bool = False  # with weights int8, the LM head too (float32 otherwise)
     warm_up: bool = True  # one throwaway step of max_batched_tokens as the engine starts (see _warm_up)
 

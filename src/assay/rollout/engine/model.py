@@ -74,9 +74,11 @@ class PagedModel:
         self._pointers: ctypes.Array | None = None
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
-        self.packs = _packed_weights(gemm, param, _int8(weights, param, gemm))
-        # the LM head's own packs: float32 unless int8_head (its quantization costs the most quality)
-        self.head_packs = self.packs if self.packs is None or int8_head or not self.packs.int8 else onednn.PackedWeights()
+        self.packs = _packed_weights(gemm, param, _check_weights(weights, param, gemm))
+        # the LM head's own packs: float32 unless int8_head (its quantization costs the most quality; in bf16 the
+        # logits themselves would be rounded to bf16's 8 bits)
+        keep = self.packs is None or self.packs.weights == "float32" or (self.packs.int8 and int8_head)
+        self.head_packs = self.packs if keep else onednn.PackedWeights()
         if self.packs is not None:
             for _, qkv, o, _, gate_up, down in self.step_weights:
                 for linear in (qkv, o, gate_up, down):
@@ -239,22 +241,24 @@ class PagedModel:
         return self._gemm(x, linear.weight, linear.bias), None
 
 
-def _int8(weights: str, param: Tensor, gemm: str) -> bool:
-    """`weights: int8` runs on the C kernels and oneDNN: a float32 model on the CPU, gemm auto or onednn."""
-    if weights not in ("float32", "int8"):
-        raise AssayError(f"engine weights must be float32 or int8, got {weights!r}")
+def _check_weights(weights: str, param: Tensor, gemm: str) -> str:
+    """`weights: int8` runs on the C kernels and oneDNN, `bf16` on oneDNN: a float32 model on the CPU, gemm auto or
+    onednn."""
+    if weights not in ("float32", "int8", "bf16"):
+        raise AssayError(f"engine weights must be float32, int8 or bf16, got {weights!r}")
     if weights == "float32":
-        return False
-    if param.device.type != "cpu" or param.dtype != torch.float32 or gemm == "torch" or not onednn.available() \
-            or not cpu_kernel.int8_rows():
-        raise AssayError(f"engine weights int8 run a float32 model on the CPU with the C kernels and oneDNN "
-                         f"(gemm auto or onednn); this model is {param.dtype} on {param.device.type}, gemm {gemm!r}, "
-                         f"C kernels {'built' if cpu_kernel.int8_rows() else 'unavailable'}, oneDNN "
-                         f"{onednn.available()}: use weights float32")
-    return True
+        return weights
+    c_kernels = weights == "bf16" or cpu_kernel.int8_rows()
+    runs = onednn.bf16_available() if weights == "bf16" else onednn.available()
+    if param.device.type != "cpu" or param.dtype != torch.float32 or gemm == "torch" or not runs or not c_kernels:
+        raise AssayError(f"engine weights {weights} run a float32 model on the CPU with oneDNN (gemm auto or onednn)"
+                         f"{' and the C kernels' if weights == 'int8' else ''}; this model is {param.dtype} on "
+                         f"{param.device.type}, gemm {gemm!r}, C kernels {'built' if c_kernels else 'unavailable'}, "
+                         f"oneDNN's {weights} GEMM {'runs' if runs else 'does not run'} here: use weights float32")
+    return weights
 
 
-def _packed_weights(gemm: str, param: Tensor, int8: bool = False) -> onednn.PackedWeights | None:
+def _packed_weights(gemm: str, param: Tensor, weights: str = "float32") -> onednn.PackedWeights | None:
     """`rollout.gemm`: auto takes oneDNN wherever it runs (float32 on the CPU), torch keeps torch.mm (MKL)."""
     if gemm not in ("auto", "onednn", "torch"):
         raise AssayError(f"rollout.gemm must be auto, onednn or torch, got {gemm!r}")
@@ -263,7 +267,7 @@ def _packed_weights(gemm: str, param: Tensor, int8: bool = False) -> onednn.Pack
         raise AssayError(f"rollout.gemm: onednn runs float32 models on the CPU with a torch built with oneDNN; "
                          f"this model is {param.dtype} on {param.device.type} (oneDNN in this torch: "
                          f"{onednn.available()}): use rollout.gemm: auto or torch")
-    return onednn.PackedWeights(int8) if usable and gemm != "torch" else None
+    return onednn.PackedWeights(weights) if usable and gemm != "torch" else None
 
 
 def _side_by_side(*linears: torch.nn.Linear) -> tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]:
