@@ -113,7 +113,7 @@ def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tupl
                      epsilon=0.2, epsilon_high=0.28, beta=0.0, num_iterations=1, scale_rewards="none",
                      loss_type="dapo", max_steps=a.steps, lr_scheduler_type="constant", warmup_steps=0,
                      adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0, shuffle_dataset=False,
-                     logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=False, seed=a.seed,
+                     logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=a.bf16, seed=a.seed,
                      top_k=0, top_p=1.0)
     start = time.perf_counter()
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=Dataset.from_list(rows),
@@ -135,12 +135,13 @@ def run_assay(policy: Path, a: argparse.Namespace, out: Path, name: str
         "model": {"path": str(policy)},
         "domains": [{"name": DOMAIN, "env": DOMAIN, "group_size": a.group, "max_new_tokens": a.max_tokens,
                      "difficulty": {"min": 1, "max": 4, "schedule": "uniform"}}],
-        "rollout": {"temperature": a.temperature},
+        "rollout": {"temperature": a.temperature, "weights": "bf16" if a.bf16 else "float32"},
         "pipeline": {"online": True, **pipeline},
         "train": {"steps": a.steps, "groups_per_step": a.prompts, "lr": a.lr, "betas": [0.9, 0.99],
                   "dynamic_sampling": dynamic, "checkpoint_every": a.every, "keep_checkpoints": a.steps,
                   "loss": {"eps_low": 0.2, "eps_high": 0.28, "kl_coef": 0.0, "std_normalize": False,
-                           "aggregation": "token"},
+                           "aggregation": "token", "decoupled": a.bf16},
+                  "bf16": a.bf16,
                   "lora": lora(a),
                   "selective_logprobs": a.lora_rank > 0},
         "eval": {"every": 0},
@@ -180,6 +181,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank in both (alpha 2 x rank); "
                                                             "Assay then also computes selective log-probs")
+    p.add_argument("--bf16", action="store_true", help="both in bf16 (for a CPU with AMX): TRL's bf16 autocast; "
+                   "Assay's bf16 trainer and engine, with the decoupled loss; held-out evaluations stay float32")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--runs", default="trl,assay,assay-dynamic",
                    help="which to run: trl, assay (dynamic sampling off), assay-dynamic, assay-async; TRL's is the target")
