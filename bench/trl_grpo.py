@@ -192,6 +192,10 @@ def main() -> None:
     out = a.out or Path(tempfile.mkdtemp(prefix="assay-trl-"))
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+    if not a.policy.is_dir():  # a .gguf or a packaged model: dequantized once, so neither clock includes it
+        from assay.core.gguf_import import import_gguf
+
+        a.policy = import_gguf(a.policy, out / "policy")
     start = held_out(a.policy, a)
     if "trl" in runs:
         rows.append(("TRL GRPOTrainer", *run_trl(a.policy, tasks_for(a.steps, a.prompts, a.seed), a, out)))
