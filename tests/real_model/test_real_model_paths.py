@@ -67,3 +67,21 @@ def test_lora_rl_with_selective_logprobs_trains_the_real_model(smollm2_dir, tmp_
     trained = [r for r in steps if r.get("kind") == "train" and not r.get("skipped")]
     assert trained and all(torch.isfinite(torch.tensor(r["loss"])) for r in trained)
     assert (tmp_path / "smol" / "checkpoints" / "step_2" / "model.safetensors").is_file()
+
+
+def test_smollm2_is_shown_the_tools_its_template_drops(smol):
+    """SmolLM2's template prints no `tools=`: the prompt carries Assay's block, the schema and the call syntax
+    that the agent loop parses (Hermes, the style its template falls back to)."""
+    import random
+
+    from assay.agent.render import prompt_ids
+    from assay.core.chat_format import CALL_EXAMPLE, chat_format
+    from assay.envs.registry import get_env
+
+    _, tok = smol
+    fmt = chat_format(tok)
+    assert not fmt.renders_tools and fmt.tool_calls == "hermes"
+    task = get_env("toolcalc").generate(random.Random(0), 2)
+    text = tok.decode(prompt_ids(tok, task))
+    assert '"name": "lookup"' in text and CALL_EXAMPLE["hermes"] in text
+    assert text.index("Use the lookup tool") < text.index("You can call these tools") < text.index("<|im_start|>user")
