@@ -115,8 +115,9 @@ def test_recover_after_the_launcher_crashed(isolated: None, template: Path) -> N
     plain = NamespaceSandbox(Limits(), template=template)
     s.write_file("extra.txt", "x")
     snap = s.snapshot()
-    client.get_launcher().proc.kill()
-    client.get_launcher().proc.wait()
+    launcher = client.get_launcher().proc  # one handle: asked again once it died, get_launcher starts a new one
+    launcher.kill()
+    launcher.wait()
     assert s.exec("true").status == SANDBOX_ERROR
     with pytest.raises(SandboxError, match="restarted"):
         s.recover()  # its snapshot died with the launcher
