@@ -2,9 +2,7 @@
 holding half of the model, take the steps of one unsharded process; the rollout receives whole weights;
 a sharded checkpoint resumes exactly; and what is not built is refused with the fix named."""
 
-import glob
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +14,7 @@ from assay.core.config import build_config, load_config
 from assay.core.errors import AssayError, ConfigError
 from assay.pipeline.async_pipeline import make_pipeline
 from assay.pipeline.train_ranks import rank_devices
+from proc_threads import thread_names
 
 RUN = ["train.steps=3", "train.checkpoint_every=3", "train.max_refill_rounds=0", "train.lr=1e-3"]
 FSDP = ["train.sharding=fsdp"]
@@ -49,20 +48,10 @@ def _fail_at_step(pipeline, step: int) -> None:
     pipeline.train_step = train_step
 
 
-def _thread_names() -> list[str]:
-    names = []
-    for comm in glob.glob("/proc/self/task/*/comm"):
-        try:
-            names.append(Path(comm).read_text().strip())
-        except FileNotFoundError:  # that thread ended between the listing and the read
-            pass
-    return names
-
-
 def _gloo_threads(wait_s: float = 5.0) -> list[str]:
     """The gloo threads still alive after up to `wait_s`: threads end a moment after the group is destroyed."""
     deadline = time.monotonic() + wait_s
-    while (gloo := [name for name in _thread_names() if "gloo" in name]) and time.monotonic() < deadline:
+    while (gloo := [name for name in thread_names() if "gloo" in name]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return gloo
 

@@ -2,7 +2,6 @@
 optimizer moment, take the steps of one unsharded process on the same batches, hand back whole
 weights and optimizer state in the unsharded layout, and continue exactly from an unsharded state."""
 
-import glob
 import json
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from assay.core.config import LossConfig, TrainConfig
 from assay.core.errors import AssayError
 from assay.train.sharding import leave_process_group
 from assay.train.trainer import GRPOTrainer
+from proc_threads import thread_names
 
 LOSS = LossConfig(kl_coef=0.1, decoupled=True)
 # 9 samples over 2 ranks in micro-batches of 2: rank 0 runs 3 passes, rank 1 two and an idle one; selective
@@ -45,13 +45,7 @@ def _rank(rank: int, world: int, store: str, out: str, start: str) -> None:
         _steps(rank, out, start)
     finally:
         leave_process_group()  # the trainers, _steps's locals, are gone: the group ends here, not at exit
-    threads = []
-    for comm in glob.glob("/proc/self/task/*/comm"):
-        try:
-            threads.append(Path(comm).read_text().strip())
-        except FileNotFoundError:  # that thread ended between the listing and the read
-            pass
-    Path(f"{out}/threads{rank}.json").write_text(json.dumps([t for t in threads if "gloo" in t]))
+    Path(f"{out}/threads{rank}.json").write_text(json.dumps([t for t in thread_names() if "gloo" in t]))
 
 
 def _steps(rank: int, out: str, start: str) -> None:
