@@ -94,6 +94,7 @@ class PackedWeights:
         self._packs: dict[tuple[int, ...], _Pack] = {}  # key: ids of the weights and biases
         self.weights = weights  # float32, int8 or bf16
         self.int8, self.bf16 = weights == "int8", weights == "bf16"
+        self._onednn_bf16 = self.bf16 and bf16_available()  # else torch's bf16 F.linear (see the module doc)
         # the most rows the C kernel takes: int8 widens each weight once for up to 8 rows, where float32
         # panels ran out of registers past 2 on AVX2 (a speculative step verifies 1 + draft rows); bf16 none
         self.skinny_rows = (cpu_kernel.int8_rows() if self.int8 else 0 if self.bf16 else cpu_kernel.skinny_rows())
@@ -111,7 +112,7 @@ class PackedWeights:
         pack = self.blocked(weights, biases)
         if self.bf16:  # bf16 out: widened back, the bias added in float32
             xb = x.to(torch.bfloat16).contiguous()
-            y = (_linear(xb, pack.onednn, None) if bf16_available() else F.linear(xb, pack.onednn)).float()
+            y = (_linear(xb, pack.onednn, None) if self._onednn_bf16 else F.linear(xb, pack.onednn)).float()
             return y if pack.bias is None else y.add_(pack.bias)
         return _linear(x.contiguous(), pack.onednn, pack.bias)
 
@@ -128,7 +129,7 @@ class PackedWeights:
         if pack.onednn is None:
             w = _join(weights)
             if self.bf16:
-                pack.onednn = _pack(w.to(torch.bfloat16)) if bf16_available() else w.to(torch.bfloat16)
+                pack.onednn = _pack(w.to(torch.bfloat16)) if self._onednn_bf16 else w.to(torch.bfloat16)
             else:
                 pack.onednn = _pack(cpu_kernel.dequantize_int8(*cpu_kernel.quantize_int8(w)) if self.int8 else w)
         return pack
