@@ -734,8 +734,8 @@ def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, 
                   rounds: Annotated[int, typer.Option(help="runs of each backend on each workload, alternated")] = 3,
                   backends: Annotated[str | None, typer.Option(
                       help="comma-separated: hf, engine, engine-torch (on torch.mm), engine-bf16 (bf16 GEMMs), "
-                           "vllm-32, vllm-128 (vLLM with KV blocks of 32 or 128 tokens); default: hf and engine, with both vLLM rows where vLLM is installed or "
-                           "--vllm-python is given")] = None,
+                           "vllm-32, vllm-128 (vLLM with KV blocks of 32 or 128 tokens); default: hf and engine, "
+                           "with both vLLM rows where vLLM is installed or --vllm-python is given")] = None,
                   vllm_python: Annotated[str | None, typer.Option(
                       help="an interpreter whose environment has vLLM and Assay (vLLM in an environment of its own)"
                   )] = None,

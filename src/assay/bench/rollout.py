@@ -41,7 +41,8 @@ from assay.rollout.base import GenRequest, OnlineBackend, SamplingParams
 # (rollout.weights: bf16); vllm-B: vLLM with KV blocks of B tokens
 BACKENDS = ("hf", "engine", "engine-torch", "engine-bf16", "vllm-32", "vllm-128")
 ROW_MARK = "assay-bench-row "  # prefixes the one stdout line a measuring process reports
-LABELS = {"hf": "HF generate", "engine": "assay engine", "engine-bf16": "assay engine, bf16", "vllm-32": "vLLM, block 32", "vllm-128": "vLLM, block 128"}
+LABELS = {"hf": "HF generate", "engine": "assay engine", "engine-bf16": "assay engine, bf16", "vllm-32": "vLLM, block 32",
+          "vllm-128": "vLLM, block 128"}
 
 
 @dataclass(frozen=True)
