@@ -173,3 +173,34 @@ def test_selective_logprobs_equal_the_full_ones_where_the_mask_is_set_and_give_t
     assert torch.allclose(sel_ent * mask, full_ent * mask, atol=1e-5)
     for a, p in zip(full_grad, model.parameters(), strict=True):
         assert torch.allclose(a, p.grad, atol=1e-5)
+
+
+def test_a_shared_prefix_run_once_gives_the_logprobs_and_gradient_of_the_whole_batch():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from assay.train.losses import selective_token_logprobs, shareable_prefix
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=64))
+    prompt = torch.randint(0, 97, (7,)).tolist()
+    rows = [prompt + [5, 6, 7, 8, 9], prompt + [1, 2, 3], prompt + [4, 4, 4, 4]]
+    masks = [[0] * 7 + [1] * 5, [0] * 7 + [1] * 3, [0] * 8 + [1] * 3]
+    assert shareable_prefix(rows, masks) == 6  # position 6 predicts the first loss token, so it stays out
+    assert shareable_prefix([[1, 2, 3, 4], [1, 2, 9, 4]], [[0, 0, 0, 1], [0, 0, 0, 1]]) == 2
+    ids = torch.zeros(3, 12, dtype=torch.long)
+    attn, mask = torch.zeros(3, 12, dtype=torch.long), torch.zeros(3, 12)
+    for i, (r, m) in enumerate(zip(rows, masks, strict=True)):
+        ids[i, : len(r)], attn[i, : len(r)], mask[i, : len(m)] = torch.tensor(r), 1, torch.tensor(m, dtype=torch.float)
+    results = []
+    for prefix in (0, 6):
+        model.zero_grad()
+        logp, ent = selective_token_logprobs(model, ids, attn, mask, temperature=1.3, prefix_len=prefix)
+        (logp * mask).sum().backward()
+        results.append((logp, ent, [p.grad.clone() for p in model.parameters()]))
+    (whole, whole_ent, whole_grad), (shared, shared_ent, shared_grad) = results
+    assert torch.allclose(whole, shared, atol=1e-5) and torch.allclose(whole_ent, shared_ent, atol=1e-5)
+    for a, b in zip(whole_grad, shared_grad, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    with pytest.raises(ValueError, match="predicts a loss token"):
+        selective_token_logprobs(model, ids, attn, mask, prefix_len=7)

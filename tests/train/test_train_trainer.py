@@ -236,6 +236,36 @@ def test_selective_logprobs_give_the_full_gradient_and_metrics():
         assert sel[k] == pytest.approx(full[k], abs=1e-6)
 
 
+@pytest.mark.parametrize("micro_batch", [2, 4])
+def test_a_shared_prompt_run_once_gives_the_same_gradient_and_metrics(micro_batch):
+    from assay.train.trainer import Sample, _pad, micro_batches, segment_views
+
+    # three groups of 3 sharing an 18-30 token prompt each, then two trajectories that share nothing
+    batch = random_batch(0, n_groups=3, group_size=3, prompt_len=(18, 30)) + random_batch(1, 2, 1, prompt_len=(18, 30))
+    model = tiny_qwen()
+    with_behaviour_logprobs(model, batch, noise=0.4)
+    settings = {"micro_batch": micro_batch, "selective_logprobs": True, "loss": {"decoupled": True}}
+    shared = GRPOTrainer(model, cfg(**settings))
+    assert shared.share_prefix
+    got = shared.accumulate_gradients(batch)
+    g_shared = grads(model)
+    whole = GRPOTrainer(model, cfg(**settings, shared_prefix=False)).accumulate_gradients(batch)
+    for a, b in zip(g_shared, grads(model), strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+    for k in ("loss", "clip_frac", "entropy", "mismatch", "is_weight_mean"):
+        assert got[k] == pytest.approx(whole[k], abs=1e-6)
+
+    samples = [Sample(v, 1.0) for t in batch for v in segment_views(t)]
+    chunks = micro_batches(samples, micro_batch, share_prefix=True)
+    groups = [{s.traj.task.task_id for s in c} for c in chunks]
+    # a micro-batch never mixes two groups; the two loners go together, last, and share nothing
+    assert all(len(g) == 1 for g in groups[:-1]) and groups[-1] == {"g1-0", "g1-1"}
+    prefixes = [int(_pad(c, torch.device("cpu"), True)["prefix_len"]) for c in chunks]
+    assert all(p >= 17 for p, c in zip(prefixes, chunks, strict=True) if len(c) > 1 and c is not chunks[-1])
+    assert prefixes[-1] == 0
+    assert sum(map(len, chunks)) == len(samples) and all(len(c) <= micro_batch for c in chunks)
+
+
 def test_activation_checkpointing_gives_the_same_gradient():
     batch = random_batch(0, n_groups=2, group_size=3)
     model = tiny_qwen()

@@ -68,14 +68,16 @@ def traj(
 
 
 def random_batch(
-    seed: int, n_groups: int = 2, group_size: int = 3, domains: tuple[str, ...] = ("a", "b")
+    seed: int, n_groups: int = 2, group_size: int = 3, domains: tuple[str, ...] = ("a", "b"),
+    prompt_len: tuple[int, int] = (2, 4),
 ) -> list[Trajectory]:
-    """Groups of varying-length trajectories: a shared prompt, then a masked completion, sometimes
-    followed by unmasked tool output and a second masked turn."""
+    """Groups of varying-length trajectories: a shared prompt (`prompt_len` tokens, inclusive bounds), then a
+    masked completion, sometimes followed by unmasked tool output and a second masked turn."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for gi in range(n_groups):
-        prompt = torch.randint(1, VOCAB, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g).tolist()
+        n_prompt = int(torch.randint(prompt_len[0], prompt_len[1] + 1, (1,), generator=g))
+        prompt = torch.randint(1, VOCAB, (n_prompt,), generator=g).tolist()
         for k in range(group_size):
             comp_len = int(torch.randint(1, 7, (1,), generator=g))
             comp = torch.randint(1, VOCAB, (comp_len,), generator=g).tolist()

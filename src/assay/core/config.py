@@ -239,6 +239,10 @@ class TrainConfig(_Strict):
     selective_logprobs: bool = Field(False, description=(
         "Logits only at the completion tokens, the output head run in recomputed chunks: for real vocabularies "
         "(~150k), where full logits at every position do not fit"))
+    shared_prefix: bool = Field(True, description=(
+        "With selective_logprobs: the tokens a micro-batch's sequences share before their first completion "
+        "token (a group's prompt) run forward once, their keys and values repeated for each sequence; the same "
+        "log-probs and gradients for fewer tokens. Not with activation_checkpointing or sharding"))
     activation_checkpointing: bool = Field(False, description=(
         "Recompute each layer's activations in the backward pass: memory for time"))
     lora: LoraConfig = Field(LoraConfig(), description="LoRA adapters (peft) in place of full fine-tuning")

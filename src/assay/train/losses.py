@@ -5,11 +5,14 @@ the model predicted from the logits at position t-1 (position 0 has no predictio
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
+from transformers import DynamicCache
 
 Aggregation = Literal["token", "sequence"]
 
@@ -141,15 +144,47 @@ def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperatur
     return logp, entropy
 
 
+def shareable_prefix(ids: Sequence[Sequence[int]], masks: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every sequence of a micro-batch has in common and predicts nothing from:
+    their longest common prefix, ended before the position that predicts the first loss token."""
+    limit = min(min(m.index(1) if 1 in m else len(m) for m in masks), min(len(r) for r in ids)) - 1
+    n = 0
+    for column in zip(*ids, strict=False):
+        if n >= limit or any(t != column[0] for t in column):
+            break
+        n += 1
+    return n
+
+
+def _decoder_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, prefix_len: int) -> Tensor:
+    """The decoder's last hidden states from position `prefix_len` on. With a prefix, its tokens (the
+    same in every row) run forward once; their keys and values, repeated for each row, serve the rest,
+    and backward sums the rows' gradients into that one pass: the same values as the whole batch
+    forward, for one row's prefix tokens instead of every row's."""
+    decoder = model.get_decoder()
+    if not prefix_len:
+        return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    cache = DynamicCache()
+    arg = "cache" if "cache" in inspect.signature(type(decoder).forward).parameters else "past_key_values"
+    decoder(input_ids=input_ids[:1, :prefix_len], use_cache=True, **{arg: cache})
+    cache.batch_repeat_interleave(input_ids.shape[0])
+    return decoder(input_ids=input_ids[:, prefix_len:], attention_mask=attention_mask, use_cache=True,
+                   **{arg: cache}).last_hidden_state
+
+
 def selective_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
-                             temperature: float = 1.0, chunk_rows: int = 1024) -> tuple[Tensor, Tensor]:
+                             temperature: float = 1.0, chunk_rows: int = 1024, prefix_len: int = 0
+                             ) -> tuple[Tensor, Tensor]:
     """`token_logprobs` computed only where `loss_mask` is 1: the output head runs on those positions'
     hidden states alone, `chunk_rows` at a time, and each chunk's logits are recomputed in the backward
     pass instead of kept, so memory holds one chunk of vocabulary-wide logits rather than
-    batch × length of them (what a 150k vocabulary needs). Zeros elsewhere, as `token_logprobs`."""
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    batch × length of them (what a 150k vocabulary needs). Zeros elsewhere, as `token_logprobs`.
+    `prefix_len` (from `shareable_prefix`): that many leading tokens, the same in every row, run once."""
+    hidden = _decoder_hidden(model, input_ids, attention_mask, prefix_len)
     rows, cols = (loss_mask[:, 1:] > 0).nonzero(as_tuple=True)  # token cols + 1 is predicted at position cols
-    picked, targets = hidden[rows, cols], input_ids[rows, cols + 1]
+    if prefix_len and len(cols) and int(cols.min()) < prefix_len:
+        raise ValueError(f"prefix_len {prefix_len} covers a position that predicts a loss token; use shareable_prefix")
+    picked, targets = hidden[rows, cols - prefix_len], input_ids[rows, cols + 1]
     head = model.get_output_embeddings()
     logps, entropies = [], []
     for lo in range(0, len(rows), chunk_rows):

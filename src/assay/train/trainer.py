@@ -30,6 +30,7 @@ from assay.train.losses import (
     kl_penalty,
     policy_loss,
     selective_token_logprobs,
+    shareable_prefix,
     token_logprobs,
 )
 from assay.train.sharding import (
@@ -40,6 +41,8 @@ from assay.train.sharding import (
     load_full_state,
     shard,
 )
+
+MIN_SHARED_PREFIX = 16  # tokens: below this the prefix's own forward call saves too little to be worth it
 
 
 @dataclass
@@ -81,13 +84,37 @@ def _check(i: int, t: Trajectory) -> None:
     check_sequence(f"trajectory {i} (task {t.task.task_id!r})", t.token_ids, t.loss_mask, logprobs=t.logprobs)
 
 
-def _pad(samples: Sequence[Sample], device: torch.device) -> dict[str, Tensor]:
-    """Right-pad a micro-batch."""
-    ids, attn, mask = pad_tokens([s.traj.token_ids for s in samples], [s.traj.loss_mask for s in samples])
+def _pad(samples: Sequence[Sample], device: torch.device, share_prefix: bool = False) -> dict[str, Tensor]:
+    """Right-pad a micro-batch; with `share_prefix`, the leading tokens its sequences share (a group's
+    prompt) as "prefix_len", which the forward pass runs once (losses.selective_token_logprobs)."""
+    ids, masks = [s.traj.token_ids for s in samples], [s.traj.loss_mask for s in samples]
+    input_ids, attn, mask = pad_tokens(ids, masks)
     old = right_pad([s.traj.logprobs for s in samples], torch.float32)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    out = {"input_ids": ids, "attention_mask": attn, "mask": mask, "old": old, "adv": adv}
+    prefix = shareable_prefix(ids, masks) if share_prefix and len(samples) > 1 else 0
+    out = {"input_ids": input_ids, "attention_mask": attn, "mask": mask, "old": old, "adv": adv,
+           "prefix_len": torch.tensor(prefix if prefix >= MIN_SHARED_PREFIX else 0)}
     return {k: v.to(device) for k, v in out.items()}
+
+
+def _shared_tokens(a: Sample, b: Sample) -> int:
+    return shareable_prefix([a.traj.token_ids, b.traj.token_ids], [a.traj.loss_mask, b.traj.loss_mask])
+
+
+def micro_batches(samples: Sequence[Sample], size: int, share_prefix: bool) -> list[list[Sample]]:
+    """Consecutive micro-batches of at most `size` samples. With `share_prefix`, a run of samples that share
+    a prompt (a group's, kept together in the batch) is never mixed with another, so that each of its
+    micro-batches runs the prompt once; samples that share none are batched together after the runs."""
+    if not share_prefix:
+        return [list(samples[lo : lo + size]) for lo in range(0, len(samples), size)]
+    runs: list[list[Sample]] = []
+    for s in samples:
+        if runs and _shared_tokens(runs[-1][0], s) >= MIN_SHARED_PREFIX:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    loose = [r[0] for r in runs if len(r) == 1]
+    return [run[lo : lo + size] for run in [*(r for r in runs if len(r) > 1), loose] for lo in range(0, len(run), size)]
 
 
 def staleness_metrics(trajs: Sequence[Trajectory], version: int) -> dict[str, float]:
@@ -145,6 +172,9 @@ class GRPOTrainer:
             if ref_model is not None:
                 shard(ref_model)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # a recomputed layer would add the prefix's keys to the cache twice; sharded passes take no prefix
+        self.share_prefix = (cfg.shared_prefix and cfg.selective_logprobs and not cfg.activation_checkpointing
+                             and not self.sharded)
         self.bf16 = bf16_enabled(cfg.bf16, self.device)
         self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
         self.steps = 0  # optimizer steps taken
@@ -230,10 +260,9 @@ class GRPOTrainer:
         normalizer = n_tokens if lc.aggregation == "token" else n_seqs
         sums: dict[str, float] = defaultdict(float)
         per_domain: dict[str, DomainSums] = defaultdict(DomainSums)
-        mine = samples[self.rank :: self.world]
-        chunks = [mine[lo : lo + cfg.micro_batch] for lo in range(0, len(mine), cfg.micro_batch)]
+        chunks = micro_batches(samples[self.rank :: self.world], cfg.micro_batch, self.share_prefix)
         for c, chunk in enumerate(chunks):
-            b = _pad(chunk, self.device)
+            b = _pad(chunk, self.device, self.share_prefix)
             mask = b["mask"]
             logp, entropy = self._logprobs(self.model, b)  # fp32 logprobs, even under bf16 autocast
             anchor = None
@@ -325,7 +354,8 @@ class GRPOTrainer:
             if self.cfg.selective_logprobs:
                 if self.sharded:  # within FSDP's forward hooks (train/sharding.py)
                     return getattr(model, SELECTIVE)(b["input_ids"], b["attention_mask"], b["mask"], self.temperature)
-                return selective_token_logprobs(model, b["input_ids"], b["attention_mask"], b["mask"], self.temperature)
+                return selective_token_logprobs(model, b["input_ids"], b["attention_mask"], b["mask"], self.temperature,
+                                                prefix_len=int(b["prefix_len"]))
             return token_logprobs(model, b["input_ids"], b["attention_mask"], self.temperature)
 
     # -- weights and checkpoints -----------------------------------------------------------------
