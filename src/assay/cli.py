@@ -896,7 +896,7 @@ def bench_trainer(rounds: Annotated[int, typer.Option(help="fresh processes per 
                   hidden: Annotated[int, typer.Option(help="hidden size of the 2-layer model")] = 256,
                   threads: Annotated[int, typer.Option(help="torch threads")] = 2) -> None:
     """Trainer step time and peak memory with a 151,936-token vocabulary: full logits beside selective
-    log-probs, and selective log-probs with LoRA adapters."""
+    log-probs, selective log-probs with LoRA adapters, and that with each group's prompt run once."""
     from assay.bench.trainer import run_trainer_bench
 
     print(run_trainer_bench(rounds, seqs, length, completion, hidden, threads, log=console.print))
@@ -922,8 +922,8 @@ def bench_learning(overrides: Overrides = None,
                    threads: Annotated[int, typer.Option(help="torch threads per run (0: the config's)")] = 0,
                    run_dir: Annotated[Path, typer.Option(help="where the runs go")] = Path("runs"),
                    name: Annotated[str, typer.Option(help="runs are NAME_s0, NAME_s1, …")] = "learning",
-                   preset: Annotated[str, typer.Option(help="the config each seed runs: quickstart or smollm2")]
-                   = "quickstart",
+                   preset: Annotated[str, typer.Option(
+                       help="the config each seed runs: a shipped preset (quickstart, smollm2, smollm2_sft)")] = "quickstart",
                    out: Annotated[Path | None, typer.Option(help="also write the tables (markdown) here")] = None) -> None:
     """The quickstart over several seeds: RL's Δ pass@1 per domain and on average, mean ± sd over seeds."""
     from assay.bench.learning import run_learning_bench

@@ -3,6 +3,8 @@
 import json
 
 from assay.bench.learning import learning_table, machine, run_learning_bench
+from assay.core.config import dump_config
+from assay.pipeline.quickstart import default_config
 
 
 def summary(seed: int, deltas: dict[str, float]) -> dict:
@@ -29,11 +31,19 @@ def test_table_has_a_row_per_seed_and_the_spread():
     assert "| mean ± sd | +0.200 ± 0.141 | +0.100 ± 0.141 | +0.150 ± 0.141 |" in table
 
 
-def test_finished_runs_are_read_not_rerun(tmp_path):
+def test_finished_runs_are_read_not_rerun_and_a_changed_recipe_is_named(tmp_path):
     for s in range(2):
         (tmp_path / f"lb_s{s}").mkdir()
         (tmp_path / f"lb_s{s}" / "summary.json").write_text(json.dumps(summary(s, {"a": 0.1 * s, "b": 0.1})))
+        # seed 1 ran before the preset's learning rate changed; name, run_dir and threads never count
+        changed = ["train.lr=0.5"] if s else []
+        cfg = default_config([f"seed={s}", f"name=elsewhere_{s}", "run_dir=/elsewhere", "threads=3", *changed])
+        (tmp_path / f"lb_s{s}" / "config.yaml").write_text(dump_config(cfg))
     logged = []
     text, summaries = run_learning_bench(2, "lb", tmp_path, [], jobs=2, threads=0, log=logged.append)
-    assert not logged and sorted(summaries) == [0, 1]  # nothing was started
+    assert sorted(summaries) == [0, 1]  # nothing was started
     assert "groups with reward variance" in text and "0.40 → 0.50" in text and machine() in text
+    now = default_config().train.lr
+    assert logged == [f"seed 1 ({tmp_path / 'lb_s1'}) ran with settings other than quickstart's now: "
+                      f"train.lr 0.5 (now {now!r})"]
+    assert f"- {logged[0]}" in text

@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-from assay.bench.policies import policies_table, policy_evals, run_policies_bench
+from assay.bench.policies import ARMS, policies_table, policy_evals, run_policies_bench
+from assay.core.config import dump_config
 from assay.core.errors import AssayError
+from assay.pipeline.quickstart import default_config
 
 TASKS = [f"t{i}" for i in range(40)]
 
@@ -54,8 +56,10 @@ def test_finished_runs_are_read_and_paired_by_seed(tmp_path):
                                 strict=True):
             (tmp_path / f"pb_{arm}_s{s}").mkdir()
             (tmp_path / f"pb_{arm}_s{s}" / "summary.json").write_text(json.dumps(summary))
+            cfg = default_config([*ARMS[arm], f"seed={s}"], "smollm2_sft")
+            (tmp_path / f"pb_{arm}_s{s}" / "config.yaml").write_text(dump_config(cfg))
     logged = []
     text, pairs = run_policies_bench(2, "pb", tmp_path, [], jobs=1, threads=0, log=logged.append)
-    assert not logged and sorted(pairs) == [0, 1]  # nothing was started
+    assert not logged and sorted(pairs) == [0, 1]  # nothing was started, and every run has the preset's settings
     seed1 = next(line for line in text.splitlines() if line.startswith("| 1 | a |"))
     assert [c.split(" [")[0] for c in seed1.split(" | ")[2:6]] == ["0.100", "0.300", "0.300", "0.500"], seed1

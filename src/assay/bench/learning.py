@@ -75,6 +75,34 @@ def run_seeds(seeds: Sequence[int], name: str, run_dir: Path, overrides: Sequenc
     return dirs
 
 
+def _flat(value: Any, key: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for name, item in value.items() for k, v in _flat(item, f"{key}.{name}" if key else name).items()}
+    if isinstance(value, list) and any(isinstance(v, dict) for v in value):
+        return {k: v for i, item in enumerate(value) for k, v in _flat(item, f"{key}.{i}").items()}
+    return {key: value}
+
+
+IGNORED = ("name", "run_dir", "threads")  # where a run went and how fast, not what it learned
+
+
+def settings_drift(dirs: dict[int, Path], preset: str, overrides: Sequence[str]) -> list[str]:
+    """One line per run whose recorded config differs from what the bench would run for its seed now (a
+    finished seed is reused, not rerun, so a changed preset or override would otherwise mix recipes)."""
+    from assay.core.config import load_recorded_config
+    from assay.pipeline.quickstart import default_config
+
+    notes = []
+    for s, d in sorted(dirs.items()):
+        ran = _flat(load_recorded_config(d / "config.yaml").model_dump(mode="json"))
+        now = _flat(default_config([*overrides, f"seed={s}"], preset).model_dump(mode="json"))
+        keys = [k for k in sorted(ran.keys() | now.keys()) if k not in IGNORED and ran.get(k) != now.get(k)]
+        if keys:
+            notes.append(f"seed {s} ({d}) ran with settings other than {preset}'s now: "
+                         + "; ".join(f"{k} {ran.get(k)!r} (now {now.get(k)!r})" for k in keys))
+    return notes
+
+
 def _ci(e: dict[str, float]) -> str:
     return f"{e['value']:+.3f} [{e['low']:+.3f}, {e['high']:+.3f}]"
 
@@ -163,4 +191,7 @@ def run_learning_bench(seeds: int, name: str, run_dir: Path, overrides: Sequence
     counts = sorted({summ.get("threads") for summ in summaries.values()}, key=str)
     where = (f"Machine: {machine()}; torch threads per run: {', '.join(map(str, counts))}; "
              f"{jobs} run(s) at a time.")
-    return f"{learning_table(summaries, where)}\n\n{dynamics_table(summaries)}\n", summaries
+    for note in (drift := settings_drift(dirs, preset, overrides)):
+        log(note)
+    notes = "".join(f"\n- {n}" for n in drift)
+    return f"{learning_table(summaries, where)}{notes}\n\n{dynamics_table(summaries)}\n", summaries

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from assay.bench.learning import machine, read_summaries, run_seeds
+from assay.bench.learning import machine, read_summaries, run_seeds, settings_drift
 from assay.core.errors import AssayError
 from assay.eval.evaluate import DomainEval, paired
 from assay.eval.passk import paired_difference_ci, pass_at_k_ci
@@ -92,4 +92,7 @@ def run_policies_bench(seeds: int, name: str, run_dir: Path, overrides: Sequence
                for arm, by_seed in summaries.items()}
     where = (f"Machine: {machine()}; {jobs} run(s) at a time; minutes per seed: RL alone {minutes['rl']}; "
              f"SFT then RL {minutes['sft']}.")
-    return policies_table(pairs, where) + "\n", pairs
+    drift = [n for arm, extra in ARMS.items() for n in settings_drift(dirs[arm], preset, [*overrides, *extra])]
+    for note in drift:
+        log(note)
+    return policies_table(pairs, where) + "".join(f"\n- {n}" for n in drift) + "\n", pairs

@@ -248,13 +248,13 @@ def _check_weights(weights: str, param: Tensor, gemm: str) -> str:
         raise AssayError(f"engine weights must be float32, int8 or bf16, got {weights!r}")
     if weights == "float32":
         return weights
-    c_kernels = weights == "bf16" or cpu_kernel.int8_rows()
+    c_kernels = weights == "bf16" or cpu_kernel.int8_rows()  # bf16 needs none
     if param.device.type != "cpu" or param.dtype != torch.float32 or gemm == "torch" or not onednn.available() \
             or not c_kernels:
+        kernels = f", C kernels {'built' if c_kernels else 'unavailable'}" if weights == "int8" else ""
         raise AssayError(f"engine weights {weights} run a float32 model on the CPU with oneDNN (gemm auto or onednn)"
                          f"{' and the C kernels' if weights == 'int8' else ''}; this model is {param.dtype} on "
-                         f"{param.device.type}, gemm {gemm!r}, C kernels {'built' if c_kernels else 'unavailable'}, "
-                         f"oneDNN {onednn.available()}: use weights float32")
+                         f"{param.device.type}, gemm {gemm!r}{kernels}, oneDNN {onednn.available()}: use weights float32")
     return weights
 
 
