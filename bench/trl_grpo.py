@@ -137,8 +137,8 @@ def run_assay(policy: Path, a: argparse.Namespace, out: Path, name: str
                      "difficulty": {"min": 1, "max": 4, "schedule": "uniform"}}],
         "rollout": {"temperature": a.temperature, "weights": "bf16" if a.bf16 else "float32"},
         "pipeline": {"online": True, **pipeline},
-        "train": {"steps": a.steps, "groups_per_step": a.prompts, "lr": a.lr, "betas": [0.9, 0.99],
-                  "dynamic_sampling": dynamic, "checkpoint_every": a.every, "keep_checkpoints": a.steps,
+        "train": {"steps": a.assay_steps, "groups_per_step": a.prompts, "lr": a.lr, "betas": [0.9, 0.99],
+                  "dynamic_sampling": dynamic, "checkpoint_every": a.every, "keep_checkpoints": a.assay_steps,
                   "loss": {"eps_low": 0.2, "eps_high": 0.28, "kl_coef": 0.0, "std_normalize": False,
                            "aggregation": "token", "decoupled": a.bf16},
                   "bf16": a.bf16,
@@ -183,10 +183,14 @@ def main() -> None:
                                                             "Assay then also computes selective log-probs")
     p.add_argument("--bf16", action="store_true", help="both in bf16 (for a CPU with AMX): TRL's bf16 autocast; "
                    "Assay's bf16 trainer and engine, with the decoupled loss; held-out evaluations stay float32")
+    p.add_argument("--assay-steps", type=int, default=None,
+                   help="steps of Assay's runs (default: --steps); more, with --every, shows when they reach TRL's "
+                        "final pass rate")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--runs", default="trl,assay,assay-dynamic",
                    help="which to run: trl, assay (dynamic sampling off), assay-dynamic, assay-async; TRL's is the target")
     a = p.parse_args()
+    a.assay_steps = a.assay_steps or a.steps
     runs = a.runs.split(",")
     torch.set_num_threads(a.threads)
     out = a.out or Path(tempfile.mkdtemp(prefix="assay-trl-"))
