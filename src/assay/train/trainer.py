@@ -92,9 +92,10 @@ def _pad(samples: Sequence[Sample], device: torch.device, share_prefix: bool = F
     old = right_pad([s.traj.logprobs for s in samples], torch.float32)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     prefix = shareable_prefix(ids, masks) if share_prefix and len(samples) > 1 else 0
-    out = {"input_ids": input_ids, "attention_mask": attn, "mask": mask, "old": old, "adv": adv,
-           "prefix_len": torch.tensor(prefix if prefix >= MIN_SHARED_PREFIX else 0)}
-    return {k: v.to(device) for k, v in out.items()}
+    out = {"input_ids": input_ids, "attention_mask": attn, "mask": mask, "old": old, "adv": adv}
+    # a count, not data: it stays on the host, so reading it never waits for the device
+    return {**{k: v.to(device) for k, v in out.items()},
+            "prefix_len": torch.tensor(prefix if prefix >= MIN_SHARED_PREFIX else 0)}
 
 
 def _shared_tokens(a: Sample, b: Sample) -> int:
