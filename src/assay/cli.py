@@ -352,10 +352,11 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
           deployment: Annotated[Path | None, typer.Option(help="a JSON file kept with the deployment's versions, "
                                                           "hashes, pointer and decisions")] = None,
           golden: Annotated[list[Path] | None, typer.Option(
-              help="evaluation records of the stable and the candidate policy on one pinned suite (the --out DIR of "
-                   "assay eval SUITE.yaml --policy STABLE --policy CANDIDATE, or the two record directories): the "
-                   "candidate is rolled back at once if significantly worse on it, and promoted only if it passes")
-          ] = None,
+              help="a pinned suite (SUITE.yaml), on which both policies are evaluated before serving (records in "
+                   f"{describe('evals/golden')}, reused for the same suite, settings and weights), or their records "
+                   "(the --out DIR of assay eval SUITE.yaml --policy STABLE --policy CANDIDATE, or the two record "
+                   "directories): the candidate is rolled back at once if significantly worse on it, and promoted "
+                   "only if it passes")] = None,
           golden_margin: Annotated[float | None, typer.Option(help="the suite's pass@1 loss a promotion tolerates "
                                                               "(default: --margin)")] = None
           ) -> None:
