@@ -16,8 +16,7 @@ from assay.core.errors import AssayError
 from assay.core.paths import describe, envqa_store, evals_dir
 
 if TYPE_CHECKING:  # imported lazily at run time: the CLI starts fast
-    from assay.agent.approvals import ApprovalPolicy, Approvals
-    from assay.core.config import RolloutConfig
+    from assay.agent.approvals import ApprovalPolicy
     from assay.core.types import Task
     from assay.envs.base import Environment
     from assay.eval.endpoint import Endpoint
@@ -191,13 +190,15 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, a .gg
                    "approvals.jsonl)")] = None) -> None:
     """pass@k, pass^k and the rest on the evaluation partition, or on a pinned suite; writes a record."""
     import time
+    from dataclasses import replace
 
-    from assay.core.config import DifficultyRange, DomainConfig, RolloutConfig
+    from assay.core.config import DifficultyRange, DomainConfig
     from assay.core.errors import ConfigError
     from assay.envs.registry import get_env
     from assay.eval.endpoint import Endpoint
     from assay.eval.evaluate import eval_tasks
-    from assay.eval.suite import load_suite, resolve_entries, suite_domains, suite_tasks
+    from assay.eval.run import evaluate_policy, make_plan, suite_plan
+    from assay.eval.suite import load_suite
     from assay.rollout.factory import backend_names
 
     if backend not in backend_names():
@@ -217,15 +218,11 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, a .gg
     approval = _approval_policy(critical_tools, allow_tools, approvals, approval_timeout, audit_log, out)
     settings: dict[str, Any] = {"backend": backend, "seed": seed, "weights": weights}
     if target.suffix in (".yaml", ".yml"):
-        suite, suite_sha = load_suite(target)
         if not policy and not remote:
+            load_suite(target)  # a missing or malformed suite is named first
             raise ConfigError(f"a suite runs on policies: assay eval {target} --policy DIR [--policy DIR ...] "
                               "or --endpoint URL --model NAME")
-        envs = resolve_entries(suite)
-        domains, task_list = suite_domains(suite, envs), suite_tasks(suite, envs)
-        n, temperature = suite.samples, suite.limits.temperature
-        settings |= {"suite": suite.name, "suite_file": str(target), "suite_sha256": suite_sha,
-                     "suite_config": suite.model_dump(), "n": n}
+        plan = suite_plan(target, settings, allow_unchecked or ())
         policies: list[Path | Endpoint] = [*(policy or []), *remote]
     else:
         if not env:
@@ -241,26 +238,21 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, a .gg
                                                                        .levels(e.difficulties))]
         settings |= {"n": n, "tasks": tasks, "difficulty": difficulty, "max_new_tokens": max_new_tokens,
                      "max_turns": max_turns, "tool_retries": tool_retries, "repair_tool_calls": repair_tool_calls}
+        plan = make_plan(envs, domains, task_list, n, temperature, settings, allow_unchecked or ())
         policies = [target, *(policy or []), *remote]
-    settings["temperature"] = temperature
     gated = None
     if approval is not None:
         from assay.agent.approvals import check_critical_offered, open_approvals
 
-        check_critical_offered(approval, {tool.name for t in task_list for tool in t.tools})
-        settings["approvals"] = approval.describe()
+        check_critical_offered(approval, {tool.name for t in plan.tasks for tool in t.tools})
+        plan = replace(plan, settings={**plan.settings, "approvals": approval.describe()})
         gated = open_approvals(approval)  # the channel is checked here, before any policy loads
-    from assay.envs.qa.enforce import require_checked
-
-    args = {d: c.env_args for d, c in domains.items()} if domains else {}
-    settings["qa_unchecked"] = require_checked(envs, allow_unchecked or (), env_args=args)
     records = []
     for i, p in enumerate(policies):
         where = out / f"{i}_{p.name if isinstance(p, Path) else 'endpoint'}" if len(policies) > 1 else out
-        rollout = RolloutConfig(backend=backend, weights=weights, **({"kv_cache_mb": kv_cache_mb} if kv_cache_mb else {}))
-        runs = [_eval_policy(p, envs, domains, task_list, rollout, n, seed + r, temperature, run,
-                             where / f"repeat_{r}" if repeats > 1 else where, {**settings, "seed": seed + r},
-                             (price_prompt, price_completion), html, gated) for r in range(repeats)]
+        runs = [evaluate_policy(p, plan, seed + r, where / f"repeat_{r}" if repeats > 1 else where,
+                                kv_cache_mb=kv_cache_mb, run=run, prices=(price_prompt, price_completion), html=html,
+                                approvals=gated) for r in range(repeats)]
         if repeats > 1:
             from assay.eval.record import read_record
             from assay.eval.tables import repeats_table
@@ -294,75 +286,6 @@ def _approval_policy(critical: str | None, allow: str | None, channel: str | Non
             raise AssayError("--audit-log records approval decisions; it needs --critical-tools or --allow-tools")
         return None
     return ApprovalPolicy(audit or out / "approvals.jsonl", critical_names, allowed, 60.0 if timeout_s is None else timeout_s, channel or "cli")
-
-
-def _eval_policy(policy: Path | Endpoint, envs: dict[str, Environment], domains: dict[str, DomainConfig],
-                 tasks: list[Task],
-                 rollout: RolloutConfig, n: int, seed: int, temperature: float, run: Path | None, out: Path,
-                 settings: dict[str, Any], prices: tuple[float, float], html: bool,
-                 approvals: Approvals | None = None) -> Path:
-    """Evaluate one policy (a checkpoint or an endpoint) on the given tasks, print its tables, write its record;
-    `approvals` gates its tool calls."""
-    from dataclasses import replace
-
-    from assay.agent.groups import collect
-    from assay.core.modeling import apply_threads, load_model
-    from assay.envs.qa.enforce import mark_unchecked
-    from assay.eval.endpoint import Endpoint, run_endpoint_episodes
-    from assay.eval.evaluate import summarize_domains
-    from assay.eval.record import policy_identity, write_record
-    from assay.eval.tables import dimensions_table, horizon_table, pass_table
-    from assay.pipeline.overlap import check_overlap, training_task_ids
-    from assay.rollout.factory import make_backend
-
-    trained = training_task_ids(run) if run is not None else None
-    name = policy if isinstance(policy, Path) else f"{policy.model} at {policy.url}"
-    if approvals is not None:
-        approvals = replace(approvals, actor=str(name))
-    if isinstance(policy, Endpoint):
-        identity = policy.identity()
-        trajs = run_endpoint_episodes(policy, envs, domains, tasks, n, temperature, seed, approvals)
-    else:
-        identity = policy_identity(policy)
-        model, tokenizer = load_model(policy)
-        apply_threads(0, model)
-        if rollout.backend == "engine" and "kv_cache_mb" not in rollout.model_fields_set:  # every episode at once
-            from assay.agent.render import prompt_ids
-            from assay.rollout.engine.model import PagedModel
-
-            def turns(t: Task) -> int:  # a tool-less episode answers once
-                return domains[t.domain].max_turns if envs[t.domain].tools else 1
-
-            longest = max(len(prompt_ids(tokenizer, t)) + domains[t.domain].max_new_tokens * turns(t) for t in tasks)
-            rollout = rollout.model_copy(update={"kv_cache_mb": PagedModel.cache_mb_for(model, longest * n * len(tasks))})
-        trajs = collect(make_backend(rollout, model, tokenizer), tokenizer, envs, domains, tasks, samples=n,
-                        temperature=temperature, seed=seed, approvals=approvals)
-    mark_unchecked(trajs, settings.get("qa_unchecked", {}))
-    ks = sorted({1, *(k for k in (2, 4, 8, 16) if k <= n)})
-    results = summarize_domains(tasks, trajs, ks, overall=len(domains) > 1)
-    overlap = check_overlap(run, [t.task_id for t in tasks], trained) if run is not None else None
-    where = ("evaluation partition, held out from " + str(run) if overlap and overlap.held_out
-             else "NOT held out" if overlap else "evaluation partition; pass --run runs/NAME to check it is held out")
-    console.print(pass_table(results, ks, title=f"{name}: {len(tasks)} tasks × {n} samples, 95% bootstrap CIs "
-                                                f"({where})"))
-    console.print(dimensions_table(results, ks, prices))
-    if (horizon := horizon_table(results)) is not None:
-        console.print(horizon)
-    if overlap is not None:
-        console.print(overlap.describe())
-    if approvals is not None:
-        approved, denied = sum(t.approved_calls for t in trajs), sum(t.denied_calls for t in trajs)
-        refused = sum(t.refused_calls for t in trajs)
-        console.print(f"approvals: {approved} calls approved, {denied} denied (by a person, a timeout or a failed "
-                      f"channel), {refused} refused (outside the allowlist); every decision is in "
-                      f"{approvals.policy.audit}")
-    record = write_record(out, results, identity, envs, {**settings, "held_out": overlap and overlap.describe()}, prices)
-    console.print(f"record: {record}")
-    if html:
-        from assay.eval.html import write_eval_html
-
-        console.print(f"report: {write_eval_html(out)}")
-    return record
 
 
 @app.command(name="eval-pin", hidden=True)  # spelled `assay eval pin SUITE.yaml` (see main)
@@ -429,10 +352,11 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
           deployment: Annotated[Path | None, typer.Option(help="a JSON file kept with the deployment's versions, "
                                                           "hashes, pointer and decisions")] = None,
           golden: Annotated[list[Path] | None, typer.Option(
-              help="evaluation records of the stable and the candidate policy on one pinned suite (the --out DIR of "
-                   "assay eval SUITE.yaml --policy STABLE --policy CANDIDATE, or the two record directories): the "
-                   "candidate is rolled back at once if significantly worse on it, and promoted only if it passes")
-          ] = None,
+              help="a pinned suite (SUITE.yaml), on which both policies are evaluated before serving (records in "
+                   f"{describe('evals/golden')}, reused for the same suite, settings and weights), or their records "
+                   "(the --out DIR of assay eval SUITE.yaml --policy STABLE --policy CANDIDATE, or the two record "
+                   "directories): the candidate is rolled back at once if significantly worse on it, and promoted "
+                   "only if it passes")] = None,
           golden_margin: Annotated[float | None, typer.Option(help="the suite's pass@1 loss a promotion tolerates "
                                                               "(default: --margin)")] = None
           ) -> None:

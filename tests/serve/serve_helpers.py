@@ -130,3 +130,25 @@ def golden_records(out, stable, candidate, passes, tasks: int = 8, samples: int 
         results = summarize_domains(task_list, trajs, [1, 2], overall=True)
         write_record(out / "eval" / f"{i}_{policy.name}", results, policy_identity(policy), envs, settings)
     return out / "eval"
+
+
+def verified_suite(tmp_path, url: str, split: str = "eval", **keys):
+    """A jsonl suite whose answers are what the policy served at `url` answers greedily: its verifier (exact match)
+    passes the policy and fails anything else. `split`: the entry's (all: each of the 16 prompts a task); `keys`:
+    more of the suite's keys (samples, limits)."""
+    import yaml
+
+    from assay.envs import env_hash, get_env
+
+    prompts = [f"What is {a}+{7 * a % 50}?" for a in range(0, 80, 5)]
+    with httpx.Client(base_url=url, timeout=60) as c:
+        answers = [c.post("/v1/chat/completions", json={"model": MODEL, "temperature": 0, "max_tokens": 16,
+                                                        "messages": [{"role": "user", "content": p}]}
+                          ).json()["choices"][0]["message"]["content"].removeprefix("Answer: ") for p in prompts]
+    data = tmp_path / "answers.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in zip(prompts, answers, strict=True)))
+    suite = tmp_path / "verified.yaml"
+    suite.write_text(yaml.safe_dump({"name": "verified", **keys, "entries": [
+        {"env": "jsonl@3", "env_args": {"path": str(data)}, "tasks": len(prompts), "levels": [1],
+         "split": split, "hash": env_hash(get_env("jsonl", path=str(data)))}]}))
+    return suite

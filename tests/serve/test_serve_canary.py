@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from serve_helpers import drive, golden_records, served_url, versions
+from serve_helpers import drive, golden_records, served_url, verified_suite, versions
 
 from assay.core.errors import AssayError
 from assay.serve.canary import CanaryConfig, bucket, decide, radius
@@ -219,28 +219,6 @@ def test_the_guards_hold_a_promotion_until_latency_is_shown_within_the_margin():
     assert all(dec == "promote" for dec, _ in healthy)
     slow = [run(0.45, s) for s in range(5)]
     assert all(dec == "rollback" for dec, _ in slow) and max(n for _, n in slow) <= 400
-
-
-def verified_suite(tmp_path, url: str):
-    """A jsonl suite whose answers are what the served policy answers greedily: its verifier (exact match) passes
-    the policy and fails anything else."""
-    import httpx
-    import yaml
-
-    from assay.envs import env_hash, get_env
-
-    prompts = [f"What is {a}+{7 * a % 50}?" for a in range(0, 80, 5)]
-    with httpx.Client(base_url=url, timeout=60) as c:
-        answers = [c.post("/v1/chat/completions", json={"model": "tiny-calc", "temperature": 0, "max_tokens": 16,
-                                                        "messages": [{"role": "user", "content": p}]}
-                          ).json()["choices"][0]["message"]["content"].removeprefix("Answer: ") for p in prompts]
-    data = tmp_path / "answers.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in zip(prompts, answers, strict=True)))
-    suite = tmp_path / "verified.yaml"
-    suite.write_text(yaml.safe_dump({"name": "verified", "entries": [
-        {"env": "jsonl@3", "env_args": {"path": str(data)}, "tasks": len(prompts), "levels": [1],
-         "hash": env_hash(get_env("jsonl", path=str(data)))}]}))
-    return suite
 
 
 def drive_tasks(url: str, d, tasks, limit: int) -> list[int]:

@@ -1,22 +1,32 @@
 """The golden-suite gate on a canary's promotion: records of both served policies on one pinned suite, written by
 the evaluation's writer with known results, become a verdict; a deployment rolls a worse candidate back at once,
 promotes an equal one only when the live test does, and lets an underpowered suite block promotion; records that
-are not of one suite, or not of the served policies, are refused, naming the mismatch."""
+are not of one suite, or not of the served policies, are refused, naming the mismatch. Given the suite file,
+`assay serve` evaluates both policies itself (`assay eval`'s records, reused on the next start) before it
+serves; a missing, malformed or stale suite is refused before any model loads."""
 
 import copy
 import json
+import logging
+import os
 import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from serve_helpers import drive, golden_records, versions
+from serve_helpers import drive, golden_records, served_url, verified_suite, versions
 from typer.testing import CliRunner
 
 from assay.cli import app
 from assay.core.errors import AssayError
 from assay.core.modeling import save_model
-from assay.serve.golden import golden_gate, load_gate, pick_records
+from assay.eval.record import read_record
+from assay.serve.canary import CanaryConfig
+from assay.serve.golden import golden_dir, golden_gate, load_gate, pick_records
 from assay.serve.profile import FAST, STANDARD
 from assay.serve.server import ServeOptions, golden_gate_of
 
@@ -175,3 +185,94 @@ def test_assay_serve_refuses_a_golden_record_of_another_policy_before_loading(di
                                    "--golden", str(records)])
     assert isinstance(out.exception, AssayError), out.output
     assert str(out.exception).startswith("no --golden record evaluated the candidate policy")
+
+
+@pytest.fixture
+def answers_suite(serve, tmp_path):
+    """A pinned jsonl suite of the stable policy's greedy answers (16 tasks, 2 greedy samples each: the policy
+    passes every one, the babbler none), with a passing QA record in this test's home, as `assay eval` requires.
+    The tiny policy answers 6 or 14 to most sums, so the gate's null test (another task's answer passes) rightly
+    fails this data: the record is written by hand, vouching for it as a checked environment would be."""
+    from assay.core.paths import envqa_store
+    from assay.envs import env_hash, get_env
+    from assay.envs.qa.gate import GATE_VERSION
+
+    suite = verified_suite(tmp_path, serve().url, "all", samples=2,
+                           limits={"max_turns": 1, "max_new_tokens": 16, "temperature": 0})
+    store = envqa_store() / "jsonl@3"
+    store.mkdir(parents=True)
+    (store / "vouched.json").write_text(json.dumps({
+        "hash": env_hash(get_env("jsonl@3", path=str(tmp_path / "answers.jsonl"))), "passed": True,
+        "gate_version": GATE_VERSION}))
+    return suite
+
+
+def test_assay_serve_evaluates_a_golden_suite_and_rolls_a_worse_candidate_back_before_serving(dirs, answers_suite,
+                                                                                              tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "assay.cli", "serve", str(dirs / "stable"), "--port", "0",
+                             "--canary", str(dirs / "babbler"), "--share", "0.5", "--golden", str(answers_suite)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    output = []
+    try:
+        url = served_url(proc, output, 300)
+        status = httpx.get(f"{url}/v1/deployment", timeout=30).json()
+        assert status["golden"]["verdict"] == "fail" and status["golden"]["rows"][-1]["stable"] == 1.0, status
+        assert [e["event"] for e in status["history"]] == ["start", "rollback"] and status["candidate"] is None
+        assert set(versions(url, range(8), str(dirs / "stable"))) == {1}  # the candidate's sessions included
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output.append(proc.communicate(timeout=60)[0])
+    text = "".join(output)
+    assert proc.returncode == 0, text
+    assert text.count("golden suite verified: evaluating the") == 2, text
+    records = [status["golden"]["stable_record"], status["golden"]["candidate_record"]]
+    assert all(r.startswith(str(golden_dir() / "verified-")) and f"into {r}" in text for r in records)
+    assert text.index("fails the golden suite verified") < text.index("serving ")  # the verdict came first
+
+
+def test_an_equal_candidate_on_a_golden_suite_is_promoted_only_when_the_live_test_promotes(
+        deploy, twin, dirs, answers_suite, tmp_path, caplog, monkeypatch):
+    options = ServeOptions(golden=(answers_suite,), canary=dirs / "twin",
+                           canary_config=CanaryConfig(share=0.5, margin=0.5, min_feedback=10))
+    with caplog.at_level(logging.INFO, "assay.serve.golden"):
+        gate = golden_gate_of(dirs / "stable", options, STANDARD)
+    assert gate.verdict == "pass" and gate.rows[-1].stable == gate.rows[-1].candidate == 1.0, gate
+    assert caplog.text.count("evaluating the") == 2
+    # the records are `assay eval`'s: the command on the same suite and policy writes the same settings and results
+    out = CliRunner().invoke(app, ["eval", str(answers_suite), "--policy", str(dirs / "stable"), "--out",
+                                   str(tmp_path / "by-eval")])
+    assert out.exit_code == 0, out.output
+    served, by_eval = read_record(Path(gate.stable_record)), read_record(tmp_path / "by-eval")
+    for key in ("policy", "settings", "environments"):
+        assert served[key] == by_eval[key], key
+    assert served["domains"]["jsonl@3"]["per_task"] == by_eval["domains"]["jsonl@3"]["per_task"]
+    # a second start reuses both records: nothing is evaluated again
+    monkeypatch.setattr("assay.eval.run.evaluate_policy", lambda *a, **k: pytest.fail("evaluated again"))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "assay.serve.golden"):
+        assert golden_gate_of(dirs / "stable", options, STANDARD) == gate
+    assert caplog.text.count("is reused (same suite sha256, settings and weights sha256)") == 2
+    server, d, _ = deploy(twin, gate=gate, share=0.5, margin=0.5, min_feedback=10)
+    assert d.current == 1 and d.candidate == 2 and d.decision == "continue"  # the gate alone promotes nothing
+    drive(server.url, d, limit=200)
+    assert d.decision == "promote" and d.current == 2, d.status()
+
+
+def test_a_missing_malformed_or_stale_golden_suite_is_one_line_before_any_model_loads(dirs, tmp_path, monkeypatch):
+    monkeypatch.setattr("assay.core.modeling.load_model", lambda *a, **k: pytest.fail("a model loaded"))
+
+    def refusal(*golden) -> str:
+        out = CliRunner().invoke(app, ["serve", str(dirs / "stable"), "--canary", str(dirs / "twin"), "--port", "0",
+                                       *(x for g in golden for x in ("--golden", str(g)))])
+        assert isinstance(out.exception, AssayError), out.output
+        return str(out.exception)
+
+    assert refusal(tmp_path / "nope.yaml") == f"suite file {str(tmp_path / 'nope.yaml')!r} not found; pass a YAML " \
+                                              "suite (see suites/ for examples)"
+    (tmp_path / "bad.yaml").write_text("name: [")
+    assert "bad.yaml: not valid YAML" in refusal(tmp_path / "bad.yaml")
+    (tmp_path / "stale.yaml").write_text("name: stale\nentries:\n- {env: arith@3, tasks: 4, hash: '0123456789ab'}\n")
+    assert "arith@3 changed since it was pinned (0123456789ab -> " in refusal(tmp_path / "stale.yaml")
+    records = golden_records(tmp_path / "records", dirs / "stable", dirs / "twin", same)
+    assert refusal(tmp_path / "stale.yaml", records).startswith("--golden takes one pinned suite file")

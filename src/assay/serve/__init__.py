@@ -12,7 +12,8 @@ sessions.py   a completed request as a record for observers and as trajectories
 session_log.py  the session log: a journal durable per request, compacted into Parquet shards (fsspec)
 replay.py     assay replay: logged sessions sampled again on another policy, outcomes compared
 canary.py     deployments: versions with hashes, sticky canary routing, feedback, the sequential test
-golden.py     the golden-suite gate on a canary's promotion: two evaluation records to a verdict
+golden.py     the golden-suite gate on a canary's promotion: both policies evaluated on a pinned suite (or their
+              records), the two records to a verdict
 """
 
 from importlib.util import find_spec

@@ -1,9 +1,11 @@
-"""The golden-suite gate on a canary's promotion: `assay serve STABLE --canary CANDIDATE --golden DIR`.
+"""The golden-suite gate on a canary's promotion: `assay serve STABLE --canary CANDIDATE --golden SUITE.yaml`.
 
-Two evaluation records of one pinned suite, one of each served policy (what `assay eval SUITE.yaml --policy
-STABLE --policy CANDIDATE --out DIR` writes), become a verdict when the deployment starts. Records are tied
-to the served versions by the sha256 of their weights files, not by path or by order, so a record of another
-checkpoint, or the two swapped, cannot vouch for a version.
+Two evaluation records of one pinned suite, one of each served policy, become a verdict when the deployment
+starts. Given the suite file, serve writes them itself (`evaluate_golden`: `assay eval SUITE.yaml --policy
+STABLE --policy CANDIDATE`'s own functions, with the served weights setting), reusing records of the same suite
+file, settings and weights; given `--golden DIR`, it reads those `assay eval ... --out DIR` wrote. Records are
+tied to the served versions by the sha256 of their weights files, not by path or by order, so a record of
+another checkpoint, or the two swapped, cannot vouch for a version.
 
 The test. Per environment, and over all the suite's tasks, the paired pass@1 difference d = candidate -
 stable is taken task by task (`assay eval compare`'s pairing) with a bootstrap interval that resamples tasks.
@@ -25,7 +27,10 @@ being that small."""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,14 +39,18 @@ from typing import Any, Literal
 import numpy as np
 
 from assay.core.errors import AssayError
+from assay.core.paths import evals_dir
 from assay.eval.passk import bootstrap_mean, minimum_detectable_effect, pass_at_k
 from assay.eval.record import RECORD, policy_identity, read_record
+
+log = logging.getLogger("assay.serve.golden")
 
 Verdict = Literal["pass", "fail", "underpowered", "inconclusive"]
 ALL = "all tasks"  # the row over every task of the suite
 ROUNDS = 10_000  # bootstrap resamples: enough for the tails of alpha/m
 SAME_SETTINGS = ("suite", "suite_sha256", "n", "temperature", "weights")  # what both evaluations must share
 HOW = "assay eval SUITE.yaml --policy STABLE --policy CANDIDATE --out DIR"
+SUITE_SUFFIXES = (".yaml", ".yml")  # a --golden path naming a suite file, not records
 
 
 @dataclass(frozen=True)
@@ -243,3 +252,58 @@ def load_gate(paths: Sequence[Path], stable: Path, candidate: Path, weights: str
             raise AssayError(f"{path} evaluated {evaluated} weights, and this profile serves {weights}: the gate "
                              f"must measure what is served; evaluate with --weights {weights}")
     return golden_gate(rs, rc, margin, alpha, (str(ps), str(pc)))
+
+
+def golden_suite(paths: Sequence[Path]) -> Path | None:
+    """The pinned suite file `--golden` names, if it names one (else it names records)."""
+    suites = [p for p in paths if p.suffix in SUITE_SUFFIXES]
+    if suites and len(paths) > 1:
+        raise AssayError(f"--golden takes one pinned suite file, evaluated when the deployment starts, or evaluation "
+                         f"records, not both or several suites ({', '.join(map(str, paths))}); pass one --golden "
+                         "SUITE.yaml")
+    return suites[0] if suites else None
+
+
+def golden_dir() -> Path:
+    """Where `assay serve --golden SUITE.yaml` keeps its records: a cache keyed by content, shared by deployments."""
+    return evals_dir() / "golden"
+
+
+def _reusable(record: Path, settings: dict[str, Any], weights_sha256: str) -> bool:
+    """Whether `record` is an evaluation of these weights with these settings (the suite file's path aside: its
+    sha256 is among them)."""
+    try:
+        found = read_record(record)
+    except AssayError:
+        return False
+    want = json.loads(json.dumps({k: v for k, v in settings.items() if k != "suite_file"}))  # as JSON reads back
+    return _weights(found) == weights_sha256 and all(found["settings"].get(k) == v for k, v in want.items())
+
+
+def evaluate_golden(suite: Path, stable: Path, candidate: Path, weights: str) -> list[Path]:
+    """The records of the policy directories `stable` and `candidate` on the pinned `suite`, as `assay eval SUITE
+    --policy STABLE --policy CANDIDATE --weights WEIGHTS` writes them: each reused from `golden_dir()` when one of
+    the same suite sha256, settings and weights sha256 is there, else evaluated into it. A suite that is missing,
+    does not load or no longer matches its pins, or a policy with no weights file to hash, is refused before any
+    model loads."""
+    from assay.core.config import EvalConfig
+    from assay.eval.run import evaluate_policy, suite_plan
+
+    seed = EvalConfig().seed  # `assay eval`'s defaults: the records are the command's
+    plan = suite_plan(suite, {"backend": "engine", "seed": seed, "weights": weights})
+    hashes = {"stable": _served_hash("stable", stable), "candidate": _served_hash("candidate", candidate)}
+    settings = plan.settings
+    where = golden_dir() / f"{settings['suite']}-{settings['suite_sha256'][:12]}"
+    records = []
+    for what, policy in (("stable", stable), ("candidate", candidate)):
+        record = where / f"{weights}-{hashes[what][:12]}"
+        if _reusable(record, settings, hashes[what]):
+            log.info("golden suite %s: the %s policy's record %s is reused (same suite sha256, settings and weights "
+                     "sha256)", settings["suite"], what, record)
+        else:
+            shutil.rmtree(record, ignore_errors=True)  # an interrupted evaluation's trajectories, or stale settings
+            log.info("golden suite %s: evaluating the %s policy %s (%s weights, %d tasks x %d samples) into %s",
+                     settings["suite"], what, policy, weights, len(plan.tasks), plan.n, record)
+            evaluate_policy(policy, plan, seed, record)
+        records.append(record)
+    return records

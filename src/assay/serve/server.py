@@ -23,7 +23,7 @@ from assay.rollout.engine import Engine, EngineConfig
 from assay.serve.app import ServeState, make_app
 from assay.serve.batcher import Batcher
 from assay.serve.canary import CanaryConfig, Deployment, canary
-from assay.serve.golden import Gate, load_gate
+from assay.serve.golden import Gate, evaluate_golden, golden_suite, load_gate
 from assay.serve.metrics import make_metrics
 from assay.serve.profile import ServeProfile
 from assay.serve.session_log import SessionLog
@@ -45,7 +45,7 @@ class ServeOptions:
     canary: Path | None = None  # a candidate policy served to a share of sessions beside the stable one
     canary_config: CanaryConfig | None = None  # share, the sequential test's alpha and margin
     deployment_record: Path | None = None  # a JSON file holding the deployment (versions, hashes, pointer)
-    golden: tuple[Path, ...] = ()  # evaluation records of both policies on one pinned suite: gate the promotion
+    golden: tuple[Path, ...] = ()  # a pinned suite file, or records of both policies on one: gate the promotion
     golden_margin: float | None = None  # the pass@1 loss the gate tolerates; None: the canary's margin
     verify_suite: Path | None = None  # a pinned suite whose single-turn tasks, named by a request, are verified
 
@@ -90,15 +90,20 @@ def build_state(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, mode
 
 
 def golden_gate_of(stable: Path, options: ServeOptions, profile: ServeProfile) -> Gate | None:
-    """The golden-suite gate `options.golden` asks for, on the stable policy directory and the canary's (before
-    either loads: a mismatched record is refused at once); None without --golden."""
+    """The golden-suite gate `options.golden` asks for, on the stable policy directory and the canary's, from the
+    records given or from both policies' evaluations on the suite file given (`evaluate_golden`, run here); None
+    without --golden. `serve` calls it before loading either policy to serve, so a bad suite or a mismatched
+    record is refused at once and no request is served before the verdict."""
     if not options.golden:
         return None
     if options.canary is None:
         raise AssayError("--golden gates a canary's promotion: pass --canary CANDIDATE with it")
     cfg = options.canary_config or CanaryConfig()
     margin = cfg.margin if options.golden_margin is None else options.golden_margin
-    return load_gate(options.golden, stable, policy_dir(options.canary), profile.engine.weights, margin, cfg.alpha)
+    candidate, weights = policy_dir(options.canary), profile.engine.weights
+    suite = golden_suite(options.golden)
+    records = options.golden if suite is None else evaluate_golden(suite, stable, candidate, weights)
+    return load_gate(records, stable, candidate, weights, margin, cfg.alpha)
 
 
 def _candidate(stable: ServeState, options: ServeOptions, profile: ServeProfile, gate: Gate | None
@@ -155,11 +160,11 @@ def serve(policy: Path, profile: ServeProfile, options: ServeOptions) -> None:
     where = policy_dir(policy)
     key_env = options.api_key_env
     api_key(key_env)  # an unset variable fails before the model loads
-    gate = golden_gate_of(where, options, profile)  # and so does a mismatched golden record
     if options.verify_suite is not None and options.canary is None:
         raise AssayError("--verify-suite feeds a canary's test with the suite's verifiers: pass --canary CANDIDATE "
                          "with it")
     verifier = suite_verifier(options.verify_suite) if options.verify_suite is not None else None
+    gate = golden_gate_of(where, options, profile)  # last: it may evaluate both policies, after every other check
     model, tokenizer = load_model(where)
     threads = apply_threads(0, model)
     state = build_state(model, tokenizer, options.model_id or str(policy), profile, options, policy_name=str(where))
