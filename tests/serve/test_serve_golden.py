@@ -18,12 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+import yaml
 from serve_helpers import drive, golden_records, served_url, verified_suite, versions
 from typer.testing import CliRunner
 
 from assay.cli import app
 from assay.core.errors import AssayError
 from assay.core.modeling import save_model
+from assay.envs import env_hash, env_spec, get_env
 from assay.eval.record import read_record
 from assay.serve.canary import CanaryConfig
 from assay.serve.golden import golden_dir, golden_gate, load_gate, pick_records
@@ -276,3 +278,14 @@ def test_a_missing_malformed_or_stale_golden_suite_is_one_line_before_any_model_
     assert "arith@3 changed since it was pinned (0123456789ab -> " in refusal(tmp_path / "stale.yaml")
     records = golden_records(tmp_path / "records", dirs / "stable", dirs / "twin", same)
     assert refusal(tmp_path / "stale.yaml", records).startswith("--golden takes one pinned suite file")
+    # an environment with no passing QA record: serve has no override to offer, so it names only the check
+    data = tmp_path / "unchecked.jsonl"
+    data.write_text(json.dumps({"prompt": "What is 2+2?", "answer": "4"}) + "\n")
+    env = get_env("jsonl", path=str(data))
+    (tmp_path / "unchecked.yaml").write_text(yaml.safe_dump({"name": "unchecked", "entries": [
+        {"env": env_spec(env), "env_args": {"path": str(data)}, "tasks": 1, "levels": [1], "split": "all",
+         "hash": env_hash(env)}]}))
+    said = refusal(tmp_path / "unchecked.yaml")
+    assert said.startswith(f"--golden {tmp_path / 'unchecked.yaml'}: environment {env_spec(env)} (hash ") and \
+        said.endswith(f"gates promotion on checked environments only: check it with `assay env check {env_spec(env)} "
+                      f"--env-arg path={data}`") and "--allow-unchecked" not in said, said

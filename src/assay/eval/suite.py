@@ -195,7 +195,8 @@ def suite_domains(suite: Suite, envs: dict[str, Environment]) -> dict[str, Domai
     out = {}
     for entry in suite.entries:
         levels = sorted(entry.levels or envs[entry.label].difficulties)
-        out[entry.label] = DomainConfig(name=entry.label, env=entry.env, max_new_tokens=lim.max_new_tokens,
+        out[entry.label] = DomainConfig(name=entry.label, env=entry.env, env_args=entry.env_args,
+                                        max_new_tokens=lim.max_new_tokens,
                                         max_turns=lim.max_turns, max_context=lim.max_context,
                                         time_limit_s=lim.time_s, tool_retries=lim.tool_retries,
                                         repair_tool_calls=lim.repair_tool_calls, agent=lim.agent,

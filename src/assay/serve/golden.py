@@ -287,10 +287,15 @@ def evaluate_golden(suite: Path, stable: Path, candidate: Path, weights: str) ->
     does not load or no longer matches its pins, or a policy with no weights file to hash, is refused before any
     model loads."""
     from assay.core.config import EvalConfig
+    from assay.envs.qa.enforce import UncheckedEnvironment
     from assay.eval.run import evaluate_policy, suite_plan
 
     seed = EvalConfig().seed  # `assay eval`'s defaults: the records are the command's
-    plan = suite_plan(suite, {"backend": "engine", "seed": seed, "weights": weights})
+    try:
+        plan = suite_plan(suite, {"backend": "engine", "seed": seed, "weights": weights})
+    except UncheckedEnvironment as e:  # no override here: a promotion gate on an unchecked environment proves nothing
+        raise AssayError(f"--golden {suite}: {e.problem}; a golden suite gates promotion on checked "
+                         f"environments only: check it with `{e.check}`") from None
     hashes = {"stable": _served_hash("stable", stable), "candidate": _served_hash("candidate", candidate)}
     settings = plan.settings
     where = golden_dir() / f"{settings['suite']}-{settings['suite_sha256'][:12]}"

@@ -5,6 +5,7 @@ the model predicted from the logits at position t-1 (position 0 has no predictio
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Sequence
 from typing import Literal
@@ -156,6 +157,12 @@ def shareable_prefix(ids: Sequence[Sequence[int]], masks: Sequence[Sequence[int]
     return n
 
 
+@functools.cache
+def _cache_kwarg(decoder: type) -> str:
+    """The keyword under which this decoder takes its KV cache (`cache` or `past_key_values`, by model class)."""
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+
+
 def _decoder_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, prefix_len: int) -> Tensor:
     """The decoder's last hidden states from position `prefix_len` on. With a prefix, its tokens (the
     same in every row) run forward once; their keys and values, repeated for each row, serve the rest,
@@ -165,7 +172,7 @@ def _decoder_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
     if not prefix_len:
         return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     cache = DynamicCache()
-    arg = "cache" if "cache" in inspect.signature(type(decoder).forward).parameters else "past_key_values"
+    arg = _cache_kwarg(type(decoder))
     decoder(input_ids=input_ids[:1, :prefix_len], use_cache=True, **{arg: cache})
     cache.batch_repeat_interleave(input_ids.shape[0])
     return decoder(input_ids=input_ids[:, prefix_len:], attention_mask=attention_mask, use_cache=True,

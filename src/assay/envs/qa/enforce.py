@@ -27,7 +27,9 @@ UNCHECKED_KEY = "qa_unchecked"  # the reward_info key an overridden domain's tra
 
 
 class UncheckedEnvironment(AssayError):
-    pass
+    def __init__(self, problem: str, check: str, override: str) -> None:
+        super().__init__(f"{problem}: check it with `{check}`, or {override}")
+        self.problem, self.check = problem, check  # for a caller that allows no override
 
 
 def record_stores(extra: Iterable[str | Path | None] = ()) -> list[Path]:
@@ -78,11 +80,11 @@ def require_checked(envs: Mapping[str, Environment], allow: Collection[str] = ()
         if _allowed(allow, domain, env):
             unchecked[domain] = f"{spec} {env_hash(env)}"
             continue
-        args = "".join(f" --env-arg {k}={v}" for k, v in (env_args or {}).get(domain, {}).items())
+        check = f"assay env check {spec}" + "".join(f" --env-arg {k}={v}" for k, v in (env_args or {}).get(domain, {}).items())
         raise UncheckedEnvironment(
             f"environment {spec} (hash {env_hash(env)}, domain {domain!r}) has no passing record of QA gate "
-            f"v{GATE_VERSION}: check it with `assay env check {spec}{args}`, or run it unchecked (recorded) with "
-            f"--allow-unchecked {env.name} (config: allow_unchecked: [{env.name}]){_old_store_hint()}")
+            f"v{GATE_VERSION}", check, f"run it unchecked (recorded) with --allow-unchecked {env.name} "
+            f"(config: allow_unchecked: [{env.name}]){_old_store_hint()}")
     return unchecked
 
 
