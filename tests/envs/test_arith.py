@@ -47,8 +47,8 @@ def test_reference_form_is_steps_then_answer():
 
 
 def test_generation_is_pinned_for_a_seed():
-    # A change here changes the tasks of arith@2, which arith@3 repeats with the answer format stated:
-    # bump the version instead.
+    # A change here changes the tasks of arith@2, which arith@3 and @4 repeat (the answer format stated, then a
+    # huge answer a wrong one): bump the version instead.
     task = ArithEnv().generate(random.Random(0), 2)
     assert task.prompt[0].content == "Compute 10+13-19. " + ANSWER_FORMAT and task.payload["answer"] == 4
     assert task.task_id == "arith-2-70b866785581"  # arith@2's id: the same task, the same partition

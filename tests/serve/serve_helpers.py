@@ -108,7 +108,7 @@ def golden_records(out, stable, candidate, passes, tasks: int = 8, samples: int 
     from assay.eval.suite import load_suite, resolve_entries, suite_tasks
 
     entries = [{"env": spec, "hash": env_hash(get_env(spec)), "tasks": tasks, **levels}
-               for spec, levels in (("arith@3", {"levels": [2, 3]}), ("toolcalc@3", {"levels": [2, 3]}))]
+               for spec, levels in (("arith@4", {"levels": [2, 3]}), ("toolcalc@4", {"levels": [2, 3]}))]
     out.mkdir(parents=True, exist_ok=True)
     suite_file = out / f"{name}.yaml"
     suite_file.write_text(yaml.safe_dump({"name": name, "samples": samples, "entries": entries}, sort_keys=False))

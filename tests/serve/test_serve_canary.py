@@ -238,7 +238,7 @@ def verified_suite(tmp_path, url: str):
     data.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in zip(prompts, answers, strict=True)))
     suite = tmp_path / "verified.yaml"
     suite.write_text(yaml.safe_dump({"name": "verified", "entries": [
-        {"env": "jsonl@3", "env_args": {"path": str(data)}, "tasks": len(prompts), "levels": [1],
+        {"env": "jsonl@4", "env_args": {"path": str(data)}, "tasks": len(prompts), "levels": [1],
          "hash": env_hash(get_env("jsonl", path=str(data)))}]}))
     return suite
 

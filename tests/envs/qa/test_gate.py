@@ -138,9 +138,9 @@ def test_the_store_locks_a_passed_version_and_diffs_against_the_previous_one(tmp
     with pytest.raises(VersionNotBumped, match="code assay.envs.builtin.arith.*bump its version"):
         check_version(tmp_path, env_spec(env), "f" * 12, parts)
     moved = tmp_path / "arith@0"
-    (tmp_path / "arith@3").rename(moved)
-    assert previous_version(tmp_path, "arith", "3")["env"] == "arith@3"
-    assert diff(previous_version(tmp_path, "arith", "3"), report) == ["same results as arith@3"]
+    (tmp_path / "arith@4").rename(moved)
+    assert previous_version(tmp_path, "arith", "4")["env"] == "arith@4"
+    assert diff(previous_version(tmp_path, "arith", "4"), report) == ["same results as arith@4"]
 
 
 def test_a_record_from_an_older_gate_is_no_pass_and_locks_only_the_parts_it_hashed(tmp_path):
