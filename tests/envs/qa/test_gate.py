@@ -354,6 +354,20 @@ def test_every_chance_test_has_its_stated_power_at_small_task_counts():
     assert any(f.gate == "null" and "another task's answer passed" in f.reason for f in report.failures)
 
 
+def test_each_workspace_cheater_is_tried_as_often_as_its_own_chance_test_needs():
+    """A sandbox costs: on code and terminal environments a cheater that may not pass at all gets 3 tries, one
+    with a 20% tolerance 17, and one that knows another task tries each task with several others of the level."""
+    from assay.envs.qa.gate import GateReport, Tries, _sized
+    from assay.envs.qa.strategies import cheaters_for
+
+    cheaters, report = cheaters_for(get_env("terminal")), GateReport("x@1", "h", {}, "terminal", {})
+    tasks, plan = _sized(report, QAConfig(tasks_per_level=1, cheat_tasks_per_level=1), cheaters, 1)
+    assert tasks == 5 and plan["another task's solve, naming it"] == Tries(5, 4) and plan["exit 0"] == Tries(3)
+    assert plan["no work, after another task was solved"] == Tries(3, 1)
+    tasks, plan = _sized(report, QAConfig(), cheaters, 4)  # the defaults: 8 tasks a level, cheaters on 2
+    assert tasks == 8 and plan["another task's solve, naming it"] == Tries(5) and plan["exit 0"] == Tries(2)
+
+
 def test_terminal_environments_try_other_tasks_answers_too(isolated):
     env = get_env("terminal", timeout_s=2.0)
     env.difficulties = (1,)
@@ -642,7 +656,7 @@ def replace_tools(task, tools):
 def test_a_cheater_that_knows_another_task_is_given_the_next_one_and_skipped_alone():
     """The cheaters that know another task play from the next task of the level; a level of one distinct task
     gives them nothing to know, and they are not counted as tried there."""
-    from assay.envs.qa.gate import CheatTally, _try_cheaters
+    from assay.envs.qa.gate import CheatTally, Tries, _try_cheaters
     from assay.envs.qa.strategies import CHEATERS
 
     env = CachesPassingReplies()
@@ -655,3 +669,7 @@ def test_a_cheater_that_knows_another_task_is_given_the_next_one_and_skipped_alo
     _try_cheaters(env, task, knowing, counts, QAConfig(), lambda g, r: failures.append(r), [], [other, task])
     assert all(t.tried == 1 for t in counts.values())
     assert counts["another task's answer, after it was solved"].passed == 1  # other's reply, cached as a pass
+    third = get_task(env, 1, 2)  # with more others planned, once per other task
+    _try_cheaters(env, task, knowing, counts, QAConfig(), lambda g, r: failures.append(r), [], [other, third],
+                  {c.name: Tries(1, 2) for c in knowing})
+    assert all(t.tried == 3 for t in counts.values())
