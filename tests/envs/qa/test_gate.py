@@ -65,6 +65,8 @@ def test_builtin_environments_pass_the_gate(name):
     report = run_gate(get_env(name), SMALL)
     assert not report.failures, [f.line() for f in report.failures]
     assert all(s["reference"] == 1.0 for s in report.levels.values())
+    # a 5000-digit answer is a wrong answer, not a verifier error that training would drop
+    assert not any("infrastructure failure, not a reward" in w for w in report.warnings), report.warnings
     if isolation_problem() is not None and report.kind != "answer":  # hostile programs never run unisolated
         assert report.skipped and not report.cheaters and not report.passed
         pytest.skip(f"the namespace sandbox cannot run on this host: {isolation_problem()}")
