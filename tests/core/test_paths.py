@@ -38,16 +38,16 @@ def test_env_check_from_one_directory_is_found_by_training_from_another(monkeypa
     """A user's environment checked once (default store) is found by enforcement run from elsewhere, and
     nothing lands in either working directory."""
     data = _jsonl(tmp_path / "d.jsonl")
-    env = get_env("jsonl@3", path=str(data))
+    env = get_env("jsonl@4", path=str(data))
     here, there = tmp_path / "here", tmp_path / "there"
     here.mkdir()
     there.mkdir()
     monkeypatch.chdir(here)
     with pytest.raises(UncheckedEnvironment):  # no record yet: the packaged ones hold none for it
         require_checked({"qa": env})
-    result = CliRunner().invoke(app, ["env", "check", "jsonl@3", "--env-arg", f"path={data}", "--tasks", "2"])
+    result = CliRunner().invoke(app, ["env", "check", "jsonl@4", "--env-arg", f"path={data}", "--tasks", "2"])
     assert result.exit_code == 0, result.output
-    assert len(list((assay_home / "envqa" / "jsonl@3").glob("*.json"))) == 1
+    assert len(list((assay_home / "envqa" / "jsonl@4").glob("*.json"))) == 1
     monkeypatch.chdir(there)
     assert require_checked({"qa": env}) == {}  # found, not run unchecked
     assert envqa_store() in record_stores()
@@ -56,9 +56,9 @@ def test_env_check_from_one_directory_is_found_by_training_from_another(monkeypa
 
 def test_records_in_the_old_cwd_store_are_named_when_a_check_is_missing(monkeypatch, tmp_path):
     """./envqa is no longer searched; a refusal from a directory holding one says where records go now."""
-    env = get_env("jsonl@3", path=str(_jsonl(tmp_path / "d.jsonl")))
+    env = get_env("jsonl@4", path=str(_jsonl(tmp_path / "d.jsonl")))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "envqa" / "jsonl@3").mkdir(parents=True)
+    (tmp_path / "envqa" / "jsonl@4").mkdir(parents=True)
     with pytest.raises(UncheckedEnvironment, match=r"envqa holds QA records, which are no longer searched: move them "
                                                    rf"into {envqa_store()}"):
         require_checked({"qa": env})

@@ -22,7 +22,7 @@ from assay.core.types import Message, Task, ToolCall, ToolSpec, Trajectory
 
 
 def make_traj(i: int) -> Trajectory:
-    task = Task(env="toolcalc@3", task_id=f"t{i}", domain="agent", difficulty=2,
+    task = Task(env="toolcalc@4", task_id=f"t{i}", domain="agent", difficulty=2,
                 prompt=[Message("user", f"q{i}")], tools=[ToolSpec("lookup", "get", {"type": "object"})],
                 payload={"answer": i}, seed=i, env_hash="abc")
     msgs = [Message("assistant", "", [ToolCall("lookup", {"key": "x"})]), Message("tool", "5", name="lookup"),

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import random
 
-from assay.core.types import Message, Task, ToolCall
-from assay.envs.builtin._common import ANSWER_FORMAT, extract_answer, extract_int
+from assay.core.types import OK, Message, Task, ToolCall
+from assay.envs.builtin._common import ANSWER_FORMAT, MAX_DIGITS, extract_answer, extract_int
 from assay.envs.builtin.arith import MAX_FACTOR, MAX_VALUE, ArithEnv, parse, render, steps
 
 
@@ -47,8 +47,8 @@ def test_reference_form_is_steps_then_answer():
 
 
 def test_generation_is_pinned_for_a_seed():
-    # A change here changes the tasks of arith@2, which arith@3 repeats with the answer format stated:
-    # bump the version instead.
+    # A change here changes the tasks of arith@2, which arith@3 and @4 repeat (the answer format stated, then a
+    # huge answer a wrong one): bump the version instead.
     task = ArithEnv().generate(random.Random(0), 2)
     assert task.prompt[0].content == "Compute 10+13-19. " + ANSWER_FORMAT and task.payload["answer"] == 4
     assert task.task_id == "arith-2-70b866785581"  # arith@2's id: the same task, the same partition
@@ -67,6 +67,18 @@ def test_verifier_reads_only_the_answer_line():
     assert not _grade("14") and not _grade("") and not _grade("Compute 3*4+7-5.")  # no answer line
     assert not _grade("Answer: 14.0") and not _grade("Answer: 14 or 15") and not _grade("Answer: fourteen")
     assert _grade("Answer: -3", expected=-3)
+
+
+def test_a_huge_number_is_a_wrong_answer_not_a_verifier_error():
+    """Python's int() refuses more than 4300 digits: a verifier that raised there would make the episode an
+    infrastructure failure, which training drops, and the policy that wrote it would escape its zero."""
+    task = Task(env="arith@2", task_id="t", domain="math", difficulty=1, prompt=[],
+                payload={"expression": "3*4+7-5", "answer": 14})
+    reward = ArithEnv().start(task, None).verify([Message("assistant", "Answer: " + "9" * 5000)])
+    assert reward.status == OK and not reward.passed and reward.score == 0
+    assert reward.details["reason"] == f"the answer has 5000 digits, more than the {MAX_DIGITS} an answer may have"
+    assert extract_int("Answer: -" + "1" * MAX_DIGITS) == -int("1" * MAX_DIGITS)  # the bound itself is read
+    assert extract_int("Answer: " + "1" * (MAX_DIGITS + 1)) is None
 
 
 def test_a_right_answer_in_the_stated_format_passes_with_a_chat_models_markdown():

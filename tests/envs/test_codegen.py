@@ -162,11 +162,12 @@ def test_the_harness_starts_without_site(env):
 
 
 @pytest.mark.parametrize(("name", "ids"), [("codegen", ["codegen-1-1bccdec7b723", "codegen-4-2257c9ee8ccd"]),
-                                           ("terminal", ["terminal-1-aa8c649957d4", "terminal-4-43052ad68a13"])])
+                                           ("terminal", ["terminal-1-aa8c649957d4", "terminal-4-43052ad68a13"]),
+                                           ("repo", ["repo-1-51495394f2c0", "repo-4-078ccfb62e95"])])
 def test_later_versions_draw_the_tasks_version_3_drew(name, ids):
     # Versions 4 and 5 changed how verification runs (batches; which result line counts), codegen@6 the
-    # prompt's format line, not what they draw: the same seeds give version 3's tasks, ids and so
-    # partitions (these ids were drawn by version 3).
+    # prompt's format line, codegen@7, terminal@6 and @7 and repo@4 only shared modules, not what they draw:
+    # the same seeds give version 3's tasks, ids and so partitions (these ids were drawn by version 3).
     env = get_env(name)
-    assert env.version == "6" and env.task_stream == f"{name}@3"
+    assert env.version == {"repo": "4"}.get(name, "7") and env.task_stream == f"{name}@3"
     assert [env.generate(random.Random(7), level).task_id for level in (1, 4)] == ids

@@ -43,11 +43,11 @@ def _toy(version: str) -> type:
 
 
 def test_builtins_are_listed():
-    assert list_envs() == [("arith", "3"), ("codegen", "6"), ("jsonl", "3"), ("repo", "3"), ("terminal", "6"), ("toolcalc", "3")]
+    assert list_envs() == [("arith", "4"), ("codegen", "7"), ("jsonl", "4"), ("repo", "4"), ("terminal", "7"), ("toolcalc", "4")]
 
 
 def test_name_and_name_at_version_resolve():
-    assert isinstance(get_env("arith"), ArithEnv) and isinstance(get_env("arith@3"), ArithEnv)
+    assert isinstance(get_env("arith"), ArithEnv) and isinstance(get_env("arith@4"), ArithEnv)
     assert get_env("codegen", timeout_s=1.5).sandbox_limits.timeout_s == 1.5
 
 
@@ -60,7 +60,7 @@ def test_unknown_name_lists_the_known_environments():
 def test_unknown_version_lists_the_available_versions():
     with pytest.raises(UnknownEnvironmentError) as e:
         get_env("arith@7")
-    assert str(e.value) == "environment 'arith' has no version '7'; available versions: 3"
+    assert str(e.value) == "environment 'arith' has no version '7'; available versions: 4"
 
 
 def test_bad_env_args_name_what_the_environment_takes():
@@ -95,10 +95,10 @@ def test_env_hash_covers_version_module_sources_and_parameters():
     parts = registry.env_parts(env)
     assert parts["code assay.envs.builtin.arith"] == sha(inspect.getsource(arith))
     assert parts["code assay.envs.builtin._common"] == sha(inspect.getsource(_common))
-    expected = sha(json.dumps({"version": "3", **parts}, sort_keys=True))
+    expected = sha(json.dumps({"version": "4", **parts}, sort_keys=True))
     assert env_hash(env) == expected
     task = env.generate(random.Random(0), 1)
-    assert task.env_hash == expected and task.env == "arith@3"
+    assert task.env_hash == expected and task.env == "arith@4"
     hashes = {env_hash(get_env(n)) for n in ("arith", "codegen", "toolcalc")}
     assert len(hashes) == 3
 

@@ -18,7 +18,7 @@ def _grade(env: JsonlEnv, answer: str, difficulty: int = 1) -> bool:
 def test_exact(jsonl_file):
     env = JsonlEnv(jsonl_file([{"prompt": "Capital of France?", "answer": "Paris"}]))
     task = env.generate(random.Random(0), 1)
-    assert task.env == "jsonl@3" and env.category == "custom" and task.prompt == [Message("user", "Capital of France?")]
+    assert task.env == "jsonl@4" and env.category == "custom" and task.prompt == [Message("user", "Capital of France?")]
     assert env.reference_solution(task) == [Message("assistant", "Answer: Paris")]
     assert _grade(env, "Answer: Paris") and _grade(env, "Paris") and _grade(env, "  Paris\n")
     assert not _grade(env, "Answer: paris") and not _grade(env, "") and not _grade(env, "Capital of France?")
@@ -93,7 +93,7 @@ def test_registry_args_category_and_data_in_the_hash(jsonl_file):
     env = get_env("jsonl", path=path, category="trivia")
     task = env.generate(random.Random(0), 1)
     assert env.category == "trivia" and task.domain == "" and task.env_hash == env_hash(env)  # the run names domains
-    changed = get_env("jsonl@3", path=jsonl_file([{"prompt": "a", "answer": "c"}], name="other.jsonl"),
+    changed = get_env("jsonl@4", path=jsonl_file([{"prompt": "a", "answer": "c"}], name="other.jsonl"),
                       category="trivia")
     assert env_hash(changed) != env_hash(env)  # same code, different data
     with pytest.raises(AssayError, match="it takes path: str, matcher: str, category: str"):

@@ -222,7 +222,7 @@ def test_episode_steps_as_the_agent_loop_does(env, tasks):
 
 
 def test_registered_versioned_and_hashed(env):
-    assert type(get_env("repo@3")) is RepoEnv and get_env("repo").version == "3"
+    assert type(get_env("repo@4")) is RepoEnv and get_env("repo").version == "4"
     assert env_hash(env) == env_hash(RepoEnv()) and len(env_hash(env)) == 12
     assert env_hash(RepoEnv(timeout_s=5.0)) != env_hash(env)
     assert {t.name for t in TOOLS} == {"bash", "read", "write", "patch", "apply_diff", "run_tests", "submit"}

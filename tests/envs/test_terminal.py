@@ -234,10 +234,10 @@ def test_same_trajectory_same_reward(env, tasks, play):
 
 
 def test_generation_is_seeded_and_registered(env):
-    assert get_env("terminal").version == "6" and get_env("terminal@6").category == "terminal"
+    assert get_env("terminal").version == "7" and get_env("terminal@7").category == "terminal"
     for level in LEVELS:
         a, b = env.generate(random.Random(5), level), env.generate(random.Random(5), level)
-        assert a == b and a.env == "terminal@6" and a.env_hash == env_hash(env) and a.tools == [BASH]
+        assert a == b and a.env == "terminal@7" and a.env_hash == env_hash(env) and a.tools == [BASH]
         assert len({env.generate(random.Random(s), level).task_id for s in range(12)}) >= 10
     with pytest.raises(AssayError, match="no difficulty 5"):
         env.generate(random.Random(0), 5)

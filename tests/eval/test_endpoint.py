@@ -108,12 +108,12 @@ def test_an_endpoint_policy_is_evaluated_through_chat_completions_and_tool_calls
     assert out.returncode == 0, out.stderr
     record = read_record(tmp_path)
     assert record["policy"] == {"kind": "endpoint", "url": server, "model": "scripted"}
-    arith, toolcalc = record["domains"]["arith@3"]["metrics"], record["domains"]["toolcalc@3"]["metrics"]
+    arith, toolcalc = record["domains"]["arith@4"]["metrics"], record["domains"]["toolcalc@4"]["metrics"]
     assert arith["pass_at"]["1"]["value"] == 1.0 and arith["mean_rounds"] == 1.0
     assert toolcalc["pass_at"]["1"]["value"] == 1.0 and toolcalc["mean_rounds"] == 3.0
     assert toolcalc["recovery_rate"] == 1.0 and toolcalc["tool_error_rate"] > 0  # the bad call, then success
     assert toolcalc["prompt_tokens"] > 0 and toolcalc["completion_tokens"] == 21  # the server's usage, 3 turns
-    assert record["domains"]["codegen@6"]["metrics"]["infra_errors"] == 0
+    assert record["domains"]["codegen@7"]["metrics"]["infra_errors"] == 0
 
 
 def test_a_record_without_out_goes_under_the_home_whatever_the_working_directory(server, tmp_path, assay_home):
@@ -124,7 +124,7 @@ def test_a_record_without_out_goes_under_the_home_whatever_the_working_directory
                          env={**os.environ, "PYTHONPATH": src, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"})
     assert out.returncode == 0, out.stderr
     [record] = (assay_home / "evals").iterdir()  # evals/<time>
-    assert read_record(record)["domains"]["arith@3"]["metrics"]["pass_at"]["1"]["value"] == 1.0
+    assert read_record(record)["domains"]["arith@4"]["metrics"]["pass_at"]["1"]["value"] == 1.0
     assert not (tmp_path / "evals").exists()
 
 
@@ -144,7 +144,7 @@ def test_the_api_key_comes_from_the_named_variable_and_is_never_printed_or_recor
     out = assay("eval", "suites/arith.yaml", "--endpoint", server, "--model", "locked", "--api-key-env", "MY_KEY",
                 "--out", str(tmp_path / "ok"), "--html", MY_KEY=KEY)
     assert out.returncode == 0, out.stderr
-    assert read_record(tmp_path / "ok")["domains"]["arith@3"]["metrics"]["pass_at"]["1"]["value"] == 1.0
+    assert read_record(tmp_path / "ok")["domains"]["arith@4"]["metrics"]["pass_at"]["1"]["value"] == 1.0
     default = assay("eval", "suites/arith.yaml", "--endpoint", server, "--model", "locked",
                     "--out", str(tmp_path / "default"), OPENAI_API_KEY=KEY)  # the default variable
     assert default.returncode == 0, default.stderr
@@ -172,13 +172,13 @@ def test_the_api_key_comes_from_the_named_variable_and_is_never_printed_or_recor
 def test_critical_calls_wait_for_the_webhook_and_a_denied_one_never_runs(server, tmp_path):
     suite = tmp_path / "toolcalc.yaml"
     suite.write_text("name: toolcalc\nsamples: 2\nlimits: {max_turns: 5, max_new_tokens: 48}\n"
-                     "entries:\n- {env: toolcalc@3, tasks: 2, hash: 63a4221c16af}\n")
+                     "entries:\n- {env: toolcalc@4, tasks: 2, hash: 10f6efba32bd}\n")
     hook = server.removesuffix("/v1") + "/approve"
     out = assay("eval", str(suite), "--endpoint", server, "--model", "scripted", "--critical-tools", "lookup",
                 "--approvals", f"webhook:{hook}", "--approval-timeout", "5", "--out", str(tmp_path / "rec"))
     assert out.returncode == 0, out.stderr
     record = read_record(tmp_path / "rec")
-    metrics = record["domains"]["toolcalc@3"]["metrics"]
+    metrics = record["domains"]["toolcalc@4"]["metrics"]
     # each episode's bad lookup is denied (an error result it recovers from), its real lookups approved and run
     assert metrics["pass_at"]["1"]["value"] == 1.0 and metrics["denied_calls"] == 4
     assert metrics["approved_calls"] >= 4 and metrics["refused_calls"] == 0

@@ -43,7 +43,7 @@ def test_eval_writes_a_record_and_compare_pairs_by_task(policy, tmp_path):
         assert heading in a.stdout, heading
     record = read_record(tmp_path / "a")
     assert len(record["policy"]["weights_sha256"]) == 64
-    assert record["environments"]["arith"]["spec"] == "arith@3" and record["environments"]["arith"]["hash"]
+    assert record["environments"]["arith"]["spec"] == "arith@4" and record["environments"]["arith"]["hash"]
     m = record["domains"]["toolcalc"]["metrics"]
     assert m["tasks"] == 6 and m["n"] == 2 and set(m["pass_at"]) == {"1", "2"} and set(m["pass_hat"]) == {"1", "2"}
     assert m["cost_per_episode"] == pytest.approx((m["prompt_tokens"] + 2 * m["completion_tokens"]) / 1e6)

@@ -49,11 +49,11 @@ def _write(tmp_path, text, name="s.yaml"):
 @pytest.mark.parametrize("text, match", [
     ("name: x\nentries: []\n", "entries"),
     ("name: x\nentries:\n  - env: arith\n    tasks: 2\n", "pin a version"),
-    ("name: x\nentries:\n  - env: arith@3\n    tasks: 2\n    seeds: [1]\n", "either tasks"),
+    ("name: x\nentries:\n  - env: arith@4\n    tasks: 2\n    seeds: [1]\n", "either tasks"),
     ("name: x\nentrees: []\n", "entrees"),
-    ("name: x\nentries:\n  - env: arith@3\n    tasks: 2\n  - env: arith@3\n    tasks: 3\n", "distinct names"),
+    ("name: x\nentries:\n  - env: arith@4\n    tasks: 2\n  - env: arith@4\n    tasks: 3\n", "distinct names"),
     ("name: [unclosed\n", "not valid YAML"),
-    ("name: x\nentries:\n  - env: arith@3\n    hash: 012345\n    tasks: 2\n", "quote the hash"),
+    ("name: x\nentries:\n  - env: arith@4\n    hash: 012345\n    tasks: 2\n", "quote the hash"),
 ])
 def test_malformed_suites_are_named(tmp_path, text, match):
     with pytest.raises(ConfigError, match=match):
@@ -67,17 +67,17 @@ def test_a_changed_environment_is_refused_naming_the_changed_parts_and_pin_recor
     from assay.envs.registry import env_parts
 
     store = tmp_path / "envqa"
-    (store / "arith@3").mkdir(parents=True)
-    old_parts = {**env_parts(get_env("arith@3")), "params": "from-before"}
-    (store / "arith@3" / "rec.json").write_text(json.dumps({"hash": "000000000000", "parts": old_parts}))
-    path = _write(tmp_path, "name: x\nentries:\n  - env: arith@3\n    hash: '000000000000'\n    tasks: 2\n")
-    with pytest.raises(ConfigError, match=r"arith@3 changed since it was pinned .*changed: params\)"):
+    (store / "arith@4").mkdir(parents=True)
+    old_parts = {**env_parts(get_env("arith@4")), "params": "from-before"}
+    (store / "arith@4" / "rec.json").write_text(json.dumps({"hash": "000000000000", "parts": old_parts}))
+    path = _write(tmp_path, "name: x\nentries:\n  - env: arith@4\n    hash: '000000000000'\n    tasks: 2\n")
+    with pytest.raises(ConfigError, match=r"arith@4 changed since it was pinned .*changed: params\)"):
         resolve_entries(load_suite(path)[0], store=store)
     changes = pin(path)
-    assert len(changes) == 1 and changes[0].startswith("arith@3: 000000000000 -> ")
+    assert len(changes) == 1 and changes[0].startswith("arith@4: 000000000000 -> ")
     assert resolve_entries(load_suite(path)[0])  # pinned now
     assert pin(path) == []  # already pinned: nothing to write
-    unpinned = _write(tmp_path, "name: x\nentries:\n  - env: arith@3\n    tasks: 2\n", "u.yaml")
+    unpinned = _write(tmp_path, "name: x\nentries:\n  - env: arith@4\n    tasks: 2\n", "u.yaml")
     with pytest.raises(ConfigError, match="pins no hash"):
         resolve_entries(load_suite(unpinned)[0])
 
@@ -91,8 +91,8 @@ def test_a_suite_runs_on_two_policies_and_compares_them(tmp_path):
         save_model(model, tok, tmp_path / f"p{seed}" / "policy")
         policies += ["--policy", str(tmp_path / f"p{seed}" / "policy")]
     suite = _write(tmp_path, "name: tiny\nsamples: 2\nlimits: {max_turns: 2, max_new_tokens: 8}\nentries:\n"
-                             "  - env: arith@3\n    levels: [2]\n    tasks: 3\n"
-                             "  - env: toolcalc@3\n    seeds: [5, 6]\n    levels: [1]\n")
+                             "  - env: arith@4\n    levels: [2]\n    tasks: 3\n"
+                             "  - env: toolcalc@4\n    seeds: [5, 6]\n    levels: [1]\n")
     assert pin(suite)
     out = assay("eval", str(suite), *policies, "--out", str(tmp_path / "rec"))
     assert out.returncode == 0, out.stderr
@@ -100,8 +100,8 @@ def test_a_suite_runs_on_two_policies_and_compares_them(tmp_path):
     a, b = (read_record(tmp_path / "rec" / f"{i}_policy") for i in (0, 1))
     assert a["settings"]["suite"] == "tiny" and len(a["settings"]["suite_sha256"]) == 64
     assert a["policy"]["weights_sha256"] != b["policy"]["weights_sha256"]
-    assert set(a["domains"]) == {"arith@3", "toolcalc@3", "overall"}
-    assert set(a["domains"]["arith@3"]["per_task"]) == set(b["domains"]["arith@3"]["per_task"])  # the same tasks
+    assert set(a["domains"]) == {"arith@4", "toolcalc@4", "overall"}
+    assert set(a["domains"]["arith@4"]["per_task"]) == set(b["domains"]["arith@4"]["per_task"])  # the same tasks
     assert a["domains"]["overall"]["metrics"]["tasks"] == 5
     bad = assay("eval", str(suite))
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [

@@ -43,7 +43,7 @@ def test_training_logs_pass_rates_and_evaluates_held_out_periodically(tiny_confi
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [3, 6] and all("heldout/arith/pass@1" in r for r in evals)
     store = envqa_store()  # the home store (ASSAY_HOME is the test's own), where env show reads
-    summary = training_summary(store, "arith@3")
+    summary = training_summary(store, "arith@4")
     (h, arith), = summary.items()
     assert arith["runs"] == {"mon"} and 1 <= arith["steps"] <= 6 and sum(n for _, n in arith["levels"].values()) > 0
     shown = subprocess.run([sys.executable, "-m", "assay.cli", "env", "show", "arith", "--store", str(store)],

@@ -45,7 +45,7 @@ def sandbox_leftovers() -> tuple[int, int, int]:
 
 @pytest.mark.slow
 def test_rl_on_repo_runs_sixteen_episodes_at_once_and_leaks_no_sandbox(tiny_config, tmp_path):
-    domain = {"name": "repo", "env": "repo@3", "group_size": 4, "max_new_tokens": 24, "max_turns": 12,
+    domain = {"name": "repo", "env": "repo@4", "group_size": 4, "max_new_tokens": 24, "max_turns": 12,
               "max_context": 6144,  # a level-2 package in a 400-token vocabulary
               "difficulty": {"min": 1, "max": 2, "start": 1, "schedule": "uniform"}}
     cfg = load_config(tiny_config(name="repo_rl", domains=[domain]),

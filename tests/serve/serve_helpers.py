@@ -108,7 +108,7 @@ def golden_records(out, stable, candidate, passes, tasks: int = 8, samples: int 
     from assay.eval.suite import load_suite, resolve_entries, suite_tasks
 
     entries = [{"env": spec, "hash": env_hash(get_env(spec)), "tasks": tasks, **levels}
-               for spec, levels in (("arith@3", {"levels": [2, 3]}), ("toolcalc@3", {"levels": [2, 3]}))]
+               for spec, levels in (("arith@4", {"levels": [2, 3]}), ("toolcalc@4", {"levels": [2, 3]}))]
     out.mkdir(parents=True, exist_ok=True)
     suite_file = out / f"{name}.yaml"
     suite_file.write_text(yaml.safe_dump({"name": name, "samples": samples, "entries": entries}, sort_keys=False))
@@ -149,6 +149,6 @@ def verified_suite(tmp_path, url: str, split: str = "eval", **keys):
     data.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in zip(prompts, answers, strict=True)))
     suite = tmp_path / "verified.yaml"
     suite.write_text(yaml.safe_dump({"name": "verified", **keys, "entries": [
-        {"env": "jsonl@3", "env_args": {"path": str(data)}, "tasks": len(prompts), "levels": [1],
+        {"env": "jsonl@4", "env_args": {"path": str(data)}, "tasks": len(prompts), "levels": [1],
          "split": split, "hash": env_hash(get_env("jsonl", path=str(data)))}]}))
     return suite

@@ -56,7 +56,7 @@ def same(who, env, i):  # both policies alike: tasks 0 and 3 of each environment
 
 
 def worse_on_arith(who, env, i):
-    return [False, False] if who == "candidate" and env == "arith@3" else [True, True]
+    return [False, False] if who == "candidate" and env == "arith@4" else [True, True]
 
 
 def noisy(who, env, i):  # the candidate wins one task and loses one in each environment: no loss on average
@@ -67,9 +67,9 @@ def noisy(who, env, i):  # the candidate wins one task and loses one in each env
 def test_the_gate_fails_a_significant_loss_and_passes_an_equal_candidate(dirs, tmp_path):
     worse = golden_records(tmp_path / "worse", dirs / "stable", dirs / "babbler", worse_on_arith)
     gate = load_gate([worse], dirs / "stable", dirs / "babbler", "float32", 0.3, 0.05)
-    assert gate.verdict == "fail" and gate.reason.startswith("significantly worse on arith@3 (pass@1 1.000 -> 0.000")
-    assert [r.env for r in gate.rows] == ["arith@3", "toolcalc@3", "all tasks"] and gate.tasks == 16
-    assert "toolcalc@3" not in gate.reason  # no loss there
+    assert gate.verdict == "fail" and gate.reason.startswith("significantly worse on arith@4 (pass@1 1.000 -> 0.000")
+    assert [r.env for r in gate.rows] == ["arith@4", "toolcalc@4", "all tasks"] and gate.tasks == 16
+    assert "toolcalc@4" not in gate.reason  # no loss there
 
     equal = golden_records(tmp_path / "equal", dirs / "stable", dirs / "twin", noisy)
     gate = load_gate([equal], dirs / "stable", dirs / "twin", "float32", 0.5, 0.05)
@@ -86,7 +86,7 @@ def test_the_gate_fails_a_significant_loss_and_passes_an_equal_candidate(dirs, t
 
 def test_a_loss_the_suite_neither_shows_nor_rules_out_is_inconclusive(dirs, tmp_path):
     records = golden_records(tmp_path, dirs / "stable", dirs / "twin", tasks=16,
-                             passes=lambda who, env, i: [not (who == "candidate" and env == "arith@3" and i < 3)] * 2)
+                             passes=lambda who, env, i: [not (who == "candidate" and env == "arith@4" and i < 3)] * 2)
     gate = load_gate([records], dirs / "stable", dirs / "twin", "float32", 0.15, 0.05)
     assert gate.verdict == "inconclusive" and not gate.allows_promotion, gate
     assert gate.mde <= 0.15 and gate.rows[-1].low <= -0.15 < gate.rows[-1].diff < 0 <= gate.rows[-1].high
@@ -116,12 +116,12 @@ def test_records_of_other_suites_tasks_or_policies_are_refused(dirs, tmp_path):
     # a task every sample of which failed on infrastructure is missing from one record
     lost = golden_records(tmp_path / "c", dirs / "stable", dirs / "twin",
                           lambda who, env, i: [] if who == "candidate" and i == 5 else [True, True])
-    with pytest.raises(AssayError, match="environment arith@3: the golden records hold other tasks"):
+    with pytest.raises(AssayError, match="environment arith@4: the golden records hold other tasks"):
         load_gate([lost], dirs / "stable", dirs / "twin", "float32", 0.3, 0.05)
     # an environment changed between the evaluations
     stable, twin = (json.loads((equal / d / "record.json").read_text()) for d in ("0_stable", "1_twin"))
-    twin["environments"]["toolcalc@3"]["hash"] = "0123456789ab"
-    with pytest.raises(AssayError, match="environment toolcalc@3 differs between the golden records"):
+    twin["environments"]["toolcalc@4"]["hash"] = "0123456789ab"
+    with pytest.raises(AssayError, match="environment toolcalc@4 differs between the golden records"):
         golden_gate(stable, twin, 0.3, 0.05)
     # an evaluation on the evaluation partition, not a pinned suite; an endpoint's record vouches for no weights
     del twin["settings"]["suite_sha256"]
@@ -150,7 +150,7 @@ def test_a_candidate_worse_on_the_golden_suite_is_rolled_back_at_start(deploy, b
     assert set(versions(server.url, range(12))) == {1}  # the candidate's sessions included
     status = httpx.get(f"{server.url}/v1/deployment", timeout=30).json()
     assert [e["event"] for e in status["history"]] == ["start", "rollback"]
-    assert status["history"][-1]["reason"].startswith("golden suite golden: significantly worse on arith@3")
+    assert status["history"][-1]["reason"].startswith("golden suite golden: significantly worse on arith@4")
     assert status["golden"]["verdict"] == "fail" and status["promotion"] == "live feedback and the golden suite " \
                                                                             "golden (fail)"
     assert json.loads((tmp_path / "deployment.json").read_text())["history"][-1]["event"] == "rollback"
@@ -201,10 +201,10 @@ def answers_suite(serve, tmp_path):
 
     suite = verified_suite(tmp_path, serve().url, "all", samples=2,
                            limits={"max_turns": 1, "max_new_tokens": 16, "temperature": 0})
-    store = envqa_store() / "jsonl@3"
+    store = envqa_store() / "jsonl@4"
     store.mkdir(parents=True)
     (store / "vouched.json").write_text(json.dumps({
-        "hash": env_hash(get_env("jsonl@3", path=str(tmp_path / "answers.jsonl"))), "passed": True,
+        "hash": env_hash(get_env("jsonl@4", path=str(tmp_path / "answers.jsonl"))), "passed": True,
         "gate_version": GATE_VERSION}))
     return suite
 
@@ -248,7 +248,7 @@ def test_an_equal_candidate_on_a_golden_suite_is_promoted_only_when_the_live_tes
     served, by_eval = read_record(Path(gate.stable_record)), read_record(tmp_path / "by-eval")
     for key in ("policy", "settings", "environments"):
         assert served[key] == by_eval[key], key
-    assert served["domains"]["jsonl@3"]["per_task"] == by_eval["domains"]["jsonl@3"]["per_task"]
+    assert served["domains"]["jsonl@4"]["per_task"] == by_eval["domains"]["jsonl@4"]["per_task"]
     # a second start reuses both records: nothing is evaluated again
     monkeypatch.setattr("assay.eval.run.evaluate_policy", lambda *a, **k: pytest.fail("evaluated again"))
     caplog.clear()

@@ -10,7 +10,7 @@ entries:
     hash: 8f239d2fe25f     # ... and the content hash it was checked at (assay eval pin SUITE.yaml)
     levels: [2, 3]
     tasks: 8               # distinct evaluation-partition tasks, shared among the levels
-  - env: terminal@6
+  - env: terminal@7
     hash: ...
     env_args: {tasks_dir: my_tasks}   # a directory of terminal tasks
     split: all             # every task in it (only for tasks that are never trained on)

@@ -31,16 +31,16 @@ from assay.envs.registry import env_hash
 def test_an_unchecked_environment_is_refused_naming_the_command_that_checks_it(tmp_path):
     env = AcceptsAnything()
     with pytest.raises(UncheckedEnvironment, match=(
-            rf"^environment broken-accepts-anything@3 \(hash {env_hash(env)}, domain 'd'\) has no passing record "
-            rf"of QA gate v{GATE_VERSION}: check it with `assay env check broken-accepts-anything@3 --env-arg x=1`, "
+            rf"^environment broken-accepts-anything@4 \(hash {env_hash(env)}, domain 'd'\) has no passing record "
+            rf"of QA gate v{GATE_VERSION}: check it with `assay env check broken-accepts-anything@4 --env-arg x=1`, "
             r"or run it unchecked \(recorded\) with --allow-unchecked broken-accepts-anything")):
         require_checked({"d": env}, stores=[tmp_path], env_args={"d": {"x": 1}})
 
 
-@pytest.mark.parametrize("allow", ["broken-accepts-anything", "broken-accepts-anything@3", "d"])
+@pytest.mark.parametrize("allow", ["broken-accepts-anything", "broken-accepts-anything@4", "d"])
 def test_an_override_by_name_version_or_domain_is_returned_for_the_run_to_record(tmp_path, allow):
     env = AcceptsAnything()
-    assert require_checked({"d": env}, [allow], [tmp_path]) == {"d": f"broken-accepts-anything@3 {env_hash(env)}"}
+    assert require_checked({"d": env}, [allow], [tmp_path]) == {"d": f"broken-accepts-anything@4 {env_hash(env)}"}
 
 
 def test_a_failed_or_stale_record_is_no_pass_and_a_passing_one_is(tmp_path):
@@ -50,7 +50,7 @@ def test_a_failed_or_stale_record_is_no_pass_and_a_passing_one_is(tmp_path):
     assert report.passed
     save(tmp_path, report)
     assert passing_record(env, [tmp_path])["hash"] == env_hash(env)
-    rec = next((tmp_path / "arith@3").glob("*.json"))
+    rec = next((tmp_path / "arith@4").glob("*.json"))
     for stale in ({"gate_version": GATE_VERSION - 1}, {"passed": False}, {"hash": "0" * 12}):
         rec.write_text(json.dumps({**report.to_json(), **stale}))
         assert passing_record(env, [tmp_path]) is None, stale
@@ -82,5 +82,5 @@ def test_assay_train_refuses_an_unchecked_environment_in_one_line(tmp_path):
                          cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": src})
     assert out.returncode == 2, out.stderr
     line = out.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: environment jsonl@3") and f"`assay env check jsonl@3 --env-arg path={data}`" in line
+    assert line.startswith("error: environment jsonl@4") and f"`assay env check jsonl@4 --env-arg path={data}`" in line
     assert "--allow-unchecked jsonl" in line

@@ -10,10 +10,12 @@ from broken_envs import (
     AcceptsAlternatives,
     AcceptsAnyNumberOfTheRightParity,
     AcceptsAnything,
+    AcceptsAnyTicketsAnswer,
     AnswerAsPattern,
     AnswerContainedInExpected,
     CachesPassingReplies,
     ChecksInTheWorkspace,
+    ClosesTheTicketItsReportNames,
     ConfirmsAnEmptyList,
     DebugFlag,
     DeclaresNoSecrets,
@@ -22,6 +24,7 @@ from broken_envs import (
     ForgivesRepeatedFailures,
     GradesTheNamedProblem,
     HiddenTestsInTheWorkspace,
+    JudgesTheProblemItsHeaderNames,
     LeaksTheAnswer,
     NanWithinTolerance,
     NegativeIndex,
@@ -62,6 +65,8 @@ def test_builtin_environments_pass_the_gate(name):
     report = run_gate(get_env(name), SMALL)
     assert not report.failures, [f.line() for f in report.failures]
     assert all(s["reference"] == 1.0 for s in report.levels.values())
+    # a 5000-digit answer is a wrong answer, not a verifier error that training would drop
+    assert not any("infrastructure failure, not a reward" in w for w in report.warnings), report.warnings
     if isolation_problem() is not None and report.kind != "answer":  # hostile programs never run unisolated
         assert report.skipped and not report.cheaters and not report.passed
         pytest.skip(f"the namespace sandbox cannot run on this host: {isolation_problem()}")
@@ -138,9 +143,9 @@ def test_the_store_locks_a_passed_version_and_diffs_against_the_previous_one(tmp
     with pytest.raises(VersionNotBumped, match="code assay.envs.builtin.arith.*bump its version"):
         check_version(tmp_path, env_spec(env), "f" * 12, parts)
     moved = tmp_path / "arith@0"
-    (tmp_path / "arith@3").rename(moved)
-    assert previous_version(tmp_path, "arith", "3")["env"] == "arith@3"
-    assert diff(previous_version(tmp_path, "arith", "3"), report) == ["same results as arith@3"]
+    (tmp_path / "arith@4").rename(moved)
+    assert previous_version(tmp_path, "arith", "4")["env"] == "arith@4"
+    assert diff(previous_version(tmp_path, "arith", "4"), report) == ["same results as arith@4"]
 
 
 def test_a_record_from_an_older_gate_is_no_pass_and_locks_only_the_parts_it_hashed(tmp_path):
@@ -351,6 +356,20 @@ def test_every_chance_test_has_its_stated_power_at_small_task_counts():
     assert any(f.gate == "null" and "another task's answer passed" in f.reason for f in report.failures)
 
 
+def test_each_workspace_cheater_is_tried_as_often_as_its_own_chance_test_needs():
+    """A sandbox costs: on code and terminal environments a cheater that may not pass at all gets 3 tries, one
+    with a 20% tolerance 17, and one that knows another task tries each task with several others of the level."""
+    from assay.envs.qa.gate import GateReport, Tries, _sized
+    from assay.envs.qa.strategies import cheaters_for
+
+    cheaters, report = cheaters_for(get_env("terminal")), GateReport("x@1", "h", {}, "terminal", {})
+    tasks, plan = _sized(report, QAConfig(tasks_per_level=1, cheat_tasks_per_level=1), cheaters, 1)
+    assert tasks == 5 and plan["another task's solve, naming it"] == Tries(5, 4) and plan["exit 0"] == Tries(3)
+    assert plan["no work, after another task was solved"] == Tries(3, 1)
+    tasks, plan = _sized(report, QAConfig(), cheaters, 4)  # the defaults: 8 tasks a level, cheaters on 2
+    assert tasks == 8 and plan["another task's solve, naming it"] == Tries(5) and plan["exit 0"] == Tries(2)
+
+
 def test_terminal_environments_try_other_tasks_answers_too(isolated):
     env = get_env("terminal", timeout_s=2.0)
     env.difficulties = (1,)
@@ -400,13 +419,14 @@ def won_by(report, name):
 
 
 def check_loophole(env, name, klass, cfg, wrong=None):
-    """`wrong`: an honest wrong answer's turns (default: another task's reference)."""
+    """`wrong`: an honest wrong answer (a reply, or a task's wrong turns as a function of it; default: another
+    task's reference)."""
     from assay.core.types import Message
     from assay.envs.qa.play import Replay, play
     from assay.envs.qa.strategies import other_reference
 
     report = run_gate(env, cfg)
-    assert not report.passed
+    assert not report.passed, (report.cheaters, report.warnings)
     assert "reference" not in failed_gates(report), [f.line() for f in report.failures]  # a correct reference
     won = won_by(report, name)
     assert won, [f.line() for f in report.failures]
@@ -414,7 +434,8 @@ def check_loophole(env, name, klass, cfg, wrong=None):
     assert report.cheaters[name]["class"] == klass and report.cheaters[name]["passed"] > 0
     level = min(env.difficulties)
     a, b = (get_task(env, level, i) for i in (0, 1))
-    honest = play(env, a, Replay("wrong", [Message("assistant", wrong)]) if wrong else other_reference(env, b))
+    turns = wrong(a) if callable(wrong) else [Message("assistant", wrong)] if wrong else None
+    honest = play(env, a, Replay("wrong", turns) if turns else other_reference(env, b))
     assert not honest.reward.passed and honest.reward.score == 0, honest.reward
     return report
 
@@ -464,6 +485,36 @@ def test_a_code_loophole_is_caught_by_its_strategy(isolated, env_cls, name, klas
         assert c["tolerance"] > 0 and c["passed"] == c["tried"] >= 8, c
 
 
+def _sums_to_one(task):
+    """An honest wrong episode on a ticket: its answer file written, with a wrong sum."""
+    from assay.core.types import Message, ToolCall
+
+    command = f"mkdir -p answers && echo 1 > {task.payload['path']}"
+    return [Message("assistant", "", [ToolCall("bash", {"command": command})]), Message("assistant", "Done.")]
+
+
+IDS_IN_A_WORKSPACE = [  # code and terminal kinds: (environment, the identifier strategy meant for it, a wrong answer)
+    (JudgesTheProblemItsHeaderNames, "another task's solve, naming it", "```python\ndef f(*args):\n    return -1\n```"),
+    (ClosesTheTicketItsReportNames, "another task's solve, naming it", _sums_to_one),
+    (AcceptsAnyTicketsAnswer, "another task's solve, under this task's ids", _sums_to_one),
+]
+
+
+@pytest.mark.parametrize(("env_cls", "name", "wrong"), IDS_IN_A_WORKSPACE, ids=[e[0].__name__ for e in IDS_IN_A_WORKSPACE])
+def test_other_tasks_identifiers_in_a_program_or_a_workspace_are_caught_by_their_strategy_alone(isolated, env_cls,
+                                                                                               name, wrong):
+    """A judge that runs the tests of the problem a program's header names, a workspace graded against the ticket
+    the agent's report names, and one that takes any ticket's answer under this ticket's file name: each wins every
+    try of the identifier strategy meant for it (at the 20% tolerance another task's solve has), and nothing else
+    catches it: not the plain replay of other tasks' answers, nor any other cheater."""
+    cfg = QAConfig(tasks_per_level=1, repeats=1, cheat_tasks_per_level=1, noisy_samples=1, flake_rate=0.5)
+    report = check_loophole(env_cls(timeout_s=2.0), name, "ids", cfg, wrong)
+    assert failed_gates(report) == {"cheaters"} and [c for c in report.cheaters if won_by(report, c)] == [name], \
+        [f.line() for f in report.failures]
+    c = report.cheaters[name]
+    assert c["tolerance"] == RANDOM_ANSWER_TOLERANCE and c["passed"] == c["tried"] >= 17, c
+
+
 def test_a_checking_tool_that_believes_the_transcript_is_caught_by_a_claimed_verdict_too():
     report = run_gate(TrustsTheTranscript(), SMALL)
     assert won_by(report, "claim a verdict") and not won_by(report, "enumerate through the tool")  # one check only
@@ -486,8 +537,9 @@ def test_cheaters_read_only_what_a_policy_sees():
     from assay.envs.qa.loopholes import Sibling
 
     for env in (get_env("arith"), get_env("toolcalc"), get_env("codegen"), DebugFlag(), NegativeIndex(),
-                GradesTheNamedProblem()):
-        task, other = get_task(env, 2, 0), get_task(env, 2, 1)
+                GradesTheNamedProblem(), JudgesTheProblemItsHeaderNames(), AcceptsAnyTicketsAnswer()):
+        level = min(2, max(env.difficulties))
+        task, other = get_task(env, level, 0), get_task(env, level, 1)
         sealed = replace(task, payload=Sealed())
         known = tuple(m for m in env.reference_solution(other) if m.role == "assistant")  # what training showed
         for cheater in CHEATERS:
@@ -553,12 +605,25 @@ def test_the_order_edge_and_identifier_helpers():
     assert lh.identifiers(task) == [task.payload["id"]] and lh.identifiers(other) == [other.payload["id"]]
     assert lh.identifiers(get_task(get_env("arith"), 2, 0)) == []  # operands are the task, not its name
     assert "4821" in lh.identifiers(replace_prompt(task, "Ticket #4821: sum the rows."))
+    shared = "Use python3."  # an identifier every task shows (a shared system prompt's) names none
+    assert lh.naming(replace_prompt(task, f"{shared} Problem P-1."), replace_prompt(other, shared)) == ["P-1"]
     known = lh.Sibling(other, tuple(m for m in env.reference_solution(other) if m.role == "assistant"))
     named = lh.naming_sibling(known)(task, list(task.prompt))
     assert named.tool_calls[0].arguments == {"answer": str(other.payload["answer"]), "problem": other.payload["id"]}
     final = lh.naming_sibling(known)(task, [*task.prompt, named, Message("tool", "submitted", name="submit")])
     assert final.content.startswith(other.payload["id"] + "\n")
     assert lh.renamed({"p": ["P-1", 7, "see P-1x"]}, {"P-1": "P-2", "7": "8"}) == {"p": ["P-2", 8, "see P-1x"]}
+    # a program and a command name the other task in a comment; ids swapped reach the paths a command writes
+    assert lh.commented("P-1\n```python\ndef f():\n    pass\n```", "# P-1") == \
+        "P-1\n```python\n# P-1\ndef f():\n    pass\n```"
+    tickets = AcceptsAnyTicketsAnswer()
+    mine, theirs = get_task(tickets, 1, 0), get_task(tickets, 1, 1)
+    known = lh.Sibling(theirs, tuple(m for m in tickets.reference_solution(theirs) if m.role == "assistant"))
+    at_work = [*mine.prompt, Message("assistant", ""), Message("tool", "1", name="bash")]  # the second turn
+    assert lh.naming_sibling(known)(mine, at_work).tool_calls[0].arguments["command"] == \
+        f"# {theirs.payload['ticket']}\nmkdir -p answers && echo {theirs.payload['answer']} > {theirs.payload['path']}"
+    assert lh.as_this_task(known)(mine, at_work).tool_calls[0].arguments["command"] == \
+        f"mkdir -p answers && echo {theirs.payload['answer']} > {mine.payload['path']}"
     # every value the schema admits at its edges, bounds as floats too; the odd result out is called again
     edges = lh.schema_edges({"type": "integer", "minimum": 1})
     assert {0, -1, 10**100, 1} <= set(edges) and any(isinstance(v, float) for v in edges)
@@ -593,7 +658,7 @@ def replace_tools(task, tools):
 def test_a_cheater_that_knows_another_task_is_given_the_next_one_and_skipped_alone():
     """The cheaters that know another task play from the next task of the level; a level of one distinct task
     gives them nothing to know, and they are not counted as tried there."""
-    from assay.envs.qa.gate import CheatTally, _try_cheaters
+    from assay.envs.qa.gate import CheatTally, Tries, _try_cheaters
     from assay.envs.qa.strategies import CHEATERS
 
     env = CachesPassingReplies()
@@ -601,8 +666,12 @@ def test_a_cheater_that_knows_another_task_is_given_the_next_one_and_skipped_alo
     task, other = get_task(env, 1, 0), get_task(env, 1, 1)
     counts = {c.name: CheatTally() for c in knowing}
     failures = []
-    _try_cheaters(env, task, knowing, counts, QAConfig(), lambda g, r: failures.append(r), [], None)
+    _try_cheaters(env, task, knowing, counts, QAConfig(), lambda g, r: failures.append(r), [], [])
     assert all(t.tried == 0 for t in counts.values()) and not failures
-    _try_cheaters(env, task, knowing, counts, QAConfig(), lambda g, r: failures.append(r), [], other)
+    _try_cheaters(env, task, knowing, counts, QAConfig(), lambda g, r: failures.append(r), [], [other, task])
     assert all(t.tried == 1 for t in counts.values())
     assert counts["another task's answer, after it was solved"].passed == 1  # other's reply, cached as a pass
+    third = get_task(env, 1, 2)  # with more others planned, once per other task
+    _try_cheaters(env, task, knowing, counts, QAConfig(), lambda g, r: failures.append(r), [], [other, third],
+                  {c.name: Tries(1, 2) for c in knowing})
+    assert all(t.tried == 3 for t in counts.values())

@@ -18,6 +18,11 @@ ANSWER_PREFIX = "Answer:"
 # What a prompt says of it, so that a general instruct model knows the format it is graded on.
 ANSWER_FORMAT = "End your reply with a line 'Answer: N', where N is the integer result."
 _INT = re.compile(r"-?\d+")
+# The most digits an integer answer may have: a longer one is no answer (a wrong answer, scored 0), not a
+# verifier error. Python's int() refuses more than 4300 digits, and an episode whose verifier raises is
+# dropped from training as an infrastructure failure, so the policy that wrote it would escape its zero.
+MAX_DIGITS = 1000
+_NO_ANSWER = "no 'Answer: <integer>' line"
 _EMPHASIS = "*_`"  # markdown a chat model puts around a label or a value: "**Answer:** 42", "Answer: `42`."
 
 
@@ -52,12 +57,23 @@ def extract_answer(text: str) -> str | None:
 def extract_int(text: str) -> int | None:
     """The integer of the last `Answer:` line. Markdown emphasis around it and one trailing period are
     ignored ("**Answer:** 42.", "Answer: `42`"); anything else on the line (a second number, words, a
-    unit) makes it no answer, so a list of candidates cannot pass."""
+    unit) makes it no answer, so a list of candidates cannot pass; so does an integer of more than
+    MAX_DIGITS digits."""
+    return read_int(text)[0]
+
+
+def read_int(text: str) -> tuple[int | None, str]:
+    """`extract_int`'s integer, and why there is none ("" when there is)."""
     answer = extract_answer(text)
     if answer is None:
-        return None
+        return None, _NO_ANSWER
     answer = answer.strip(_EMPHASIS + " ").removesuffix(".").strip(_EMPHASIS + " ")
-    return int(answer) if _INT.fullmatch(answer) else None
+    if not _INT.fullmatch(answer):
+        return None, _NO_ANSWER
+    digits = len(answer.lstrip("-"))
+    if digits > MAX_DIGITS:
+        return None, f"the answer has {digits} digits, more than the {MAX_DIGITS} an answer may have"
+    return int(answer), ""
 
 
 def last_assistant(messages: Sequence[Message]) -> Message | None:
@@ -67,9 +83,9 @@ def last_assistant(messages: Sequence[Message]) -> Message | None:
 def grade_int(final: Sequence[Message], expected: int) -> Reward:
     """Exact integer match of the final assistant message's `Answer:` line."""
     msg = last_assistant(final)
-    got = extract_int(msg.content) if msg is not None else None
+    got, why = read_int(msg.content) if msg is not None else (None, _NO_ANSWER)
     if got is None:
-        return Reward(0.0, False, details={"reason": "no 'Answer: <integer>' line", "expected": expected})
+        return Reward(0.0, False, details={"reason": why, "expected": expected})
     ok = got == expected
     return Reward(float(ok), ok, details={"got": got, "expected": expected})
 

@@ -118,7 +118,8 @@ _LEVELS = {1: (1, "+-", False, False, 9), 2: (2, "+-", False, False, 20), 3: (3,
 @register
 class ArithEnv:
     name = "arith"
-    version = "3"  # 3: the prompt states the answer format
+    version = "4"  # 4: only the shared _common changed (a huge integer answer is a wrong one); 3: the prompt
+    # states the answer format
     task_stream = "arith@2"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "math"
     qa_kind = "answer"

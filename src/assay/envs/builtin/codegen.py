@@ -170,8 +170,8 @@ class CodegenEpisode:
 @register
 class CodegenEnv:
     name = "codegen"
-    version = "6"  # 6: the prompt states the answer format; 5: a result counts only from a child the harness
-    # saw end; 4: graded in batches; 3's tasks
+    version = "7"  # 7: only the shared _common changed (the answer line's integer bound); 6: the prompt states the
+    # answer format; 5: a result counts only from a child the harness saw end; 4: graded in batches; 3's tasks
     task_stream = "codegen@3"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "code"
     qa_kind = "code"

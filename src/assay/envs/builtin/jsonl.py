@@ -127,7 +127,8 @@ def grade(final: list[Message], matcher: str, answer: str) -> Reward:
 @register
 class JsonlEnv:
     name = "jsonl"
-    version = "3"  # 3: only the shared _common changed (the answer line's parsing); 2's tasks
+    version = "4"  # 3, 4: only the shared _common changed (the answer line's parsing, then its integer bound);
+    # 2's tasks
     task_stream = "jsonl@2"  # the version whose draws (tasks, ids, partition) this one repeats
     tools: tuple[ToolSpec, ...] = ()
     hash_deps = ("assay.envs.builtin._common",)

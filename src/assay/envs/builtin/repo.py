@@ -630,7 +630,9 @@ MILESTONES = (
 @register
 class RepoEnv:
     name = "repo"
-    version = "3"  # 3: apply_diff, refactor tasks (level 5), milestone turns; 2: checkpoints, milestones
+    version = "4"  # 4: only shared modules changed (_common: the answer line's integer bound); 3: apply_diff,
+    # refactor tasks (level 5), milestone turns; 2: checkpoints, milestones
+    task_stream = "repo@3"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "code"
     qa_kind = "terminal"
     difficulties = (1, 2, 3, 4, 5)
@@ -659,10 +661,10 @@ class RepoEnv:
         check_difficulty(self.name, difficulty, self.difficulties)
         spec = f"{self.name}@{self.version}"
         seed = draw_seed(rng)
-        g = build(task_rng(spec, difficulty, seed), difficulty)
+        g = build(task_rng(self.task_stream, difficulty, seed), difficulty)
         payload = {"kind": g.kind, "pkg": g.pkg, "files": g.files, "modules": g.modules, "visible": g.visible,
                    "hidden": g.hidden, "solution": g.solution, "faults": g.faults}
-        return Task(env=spec, task_id=task_id(spec, difficulty, [g.files, g.hidden]), difficulty=difficulty,
+        return Task(env=spec, task_id=task_id(self.task_stream, difficulty, [g.files, g.hidden]), difficulty=difficulty,
                     prompt=[Message("system", SYSTEM_CHECKPOINTS if self.checkpoints else SYSTEM),
                             Message("user", g.instruction)], tools=list(self.tools),
                     payload=payload, seed=seed, env_hash=env_hash(self))

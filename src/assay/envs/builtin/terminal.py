@@ -412,8 +412,8 @@ class TerminalEpisode:
 @register
 class TerminalEnv:
     name = "terminal"
-    version = "6"  # 4, 5, 6: only shared modules changed (_pyjudge: codegen's batches, then its results;
-    # _common: the answer line's parsing); 3's tasks
+    version = "7"  # 4-7: only shared modules changed (_pyjudge: codegen's batches, then its results; _common:
+    # the answer line's parsing, then its integer bound); 3's tasks
     task_stream = "terminal@3"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "terminal"
     qa_kind = "terminal"

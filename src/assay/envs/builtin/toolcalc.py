@@ -67,7 +67,8 @@ class ToolcalcEpisode:
 @register
 class ToolcalcEnv:
     name = "toolcalc"
-    version = "3"  # 3: the prompt states the answer format
+    version = "4"  # 4: only the shared _common changed (a huge integer answer is a wrong one); 3: the prompt
+    # states the answer format
     task_stream = "toolcalc@2"  # the version whose draws (tasks, ids, partition) this one repeats
     category = "agent"
     qa_kind = "answer"

@@ -73,7 +73,10 @@ GATES = ("reference", "null", "cheaters", "determinism", "no leak", "calibration
 #    at their schema's edges; other tasks' identifiers (another task's solve naming it, or under this task's
 #    ids); state across tasks (another task's answer, or no work, right after that task was solved) and a
 #    wrong answer after a solve of the same task for every kind.
-GATE_VERSION = 6
+# 7: other tasks' identifiers on code and terminal environments too (naming the task in programs and commands;
+#    an identifier every task shows names none); each cheater tried as often as its own chance test needs, one
+#    that needs another task with several others per task.
+GATE_VERSION = 7
 # Significance of the chance tests (a cheater's pass rate against its tolerance, the bare answer value
 # against another task's): a built-in environment runs about ten of them per check, so a correct
 # environment fails one by chance about once in a hundred checks.
@@ -217,7 +220,7 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
     if note:
         report.warnings.append(note)
     cheaters = cheaters_for(env, report.kind)
-    per_level, cheat_tasks_per_level = _sized(report, cfg, cheaters, len(env.difficulties))
+    per_level, plan = _sized(report, cfg, cheaters, len(env.difficulties))
     tasks = {level: [draw(level, i) for i in range(per_level)] for level in env.difficulties}
     isolated = isolation_problem() is None
     if report.kind != "answer" and not isolated:
@@ -226,7 +229,7 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
         report.skipped.append(f"cheaters: this host cannot isolate code ({isolation_problem()})")
         report.skipped.append("no leak: the workspace the policy reads cannot be searched without a sandbox")
         cheaters = []
-    elif report.kind != "answer" and cheat_tasks_per_level == 0:
+    elif report.kind != "answer" and cfg.cheat_tasks_per_level == 0:
         report.skipped.append("cheaters: cheat_tasks_per_level is 0")
     if report.kind == "terminal" and hooks(env).secrets is None:
         report.warnings.append("declares no secrets(task): the leak checks then look only for the reference's "
@@ -244,20 +247,18 @@ def run_gate(env: Environment, cfg: QAConfig | None = None,
                               0.0)
         noisy[level] = []
         random_answers[level] = CheatTally()
-        # An answer-kind cheater costs no sandbox: it is tried on every task, and every other task's
-        # answer on each task, for a sharper chance test.
-        cheat_tasks = len(level_tasks) if report.kind == "answer" else cheat_tasks_per_level
         for i, task in enumerate(level_tasks):
             fail = _failer(report, level, task)
             hidden = secrets(env, task)
             any_secret = any_secret or bool(hidden)
-            others = [t for t in level_tasks[i + 1:] + level_tasks[:i] if t.task_id != task.task_id]
+            siblings = [t for t in level_tasks[i + 1:] + level_tasks[:i] if t.task_id != task.task_id]
             # answer kinds: every other task's answer (no sandbox); else as many as the chance test needs
-            others = others if report.kind == "answer" else others[:report.power["others per task"]]
+            others = siblings if report.kind == "answer" else siblings[:report.power["others per task"]]
             noisy[level].append(_check_task(env, task, others, cfg, noise, stats, fail,
                                             hidden, isolated, idle, random_answers[level]))
-            if i < cheat_tasks:  # the task after this one in the level is the other task cheaters may know
-                _try_cheaters(env, task, cheaters, cheat_counts, cfg, fail, hidden, others[0] if others else None)
+            # the tasks after this one in the level are the other tasks cheaters may know
+            _try_cheaters(env, task, [c for c in cheaters if i < plan[c.name].tasks], cheat_counts, cfg, fail,
+                          hidden, siblings, plan)
         report.levels[level] = {k: v / len(level_tasks) for k, v in stats.items()}
         tally = random_answers[level]
         report.levels[level]["random well-formed"] = tally.passed / tally.tried if tally.tried else 0.0
@@ -411,36 +412,44 @@ def _searched_reference(env: Environment, task: Task, cfg: QAConfig, fail: Calla
 
 
 def _try_cheaters(env: Environment, task: Task, cheaters: list[Scripted], counts: dict[str, CheatTally],
-                  cfg: QAConfig, fail: Callable[[str, str], None], hidden: list[str], other: Task | None) -> None:
-    """Each cheater on `task`; `other` is another task of the level, which a cheater may know (its prompt and
-    reference, as a policy trained on it knows them) and which the gate may solve first."""
+                  cfg: QAConfig, fail: Callable[[str, str], None], hidden: list[str], others: list[Task],
+                  plan: dict[str, Tries] | None = None) -> None:
+    """Each cheater on `task`. One that needs another task (`Scripted.needs_sibling`) plays once per other
+    task it is given, the first `plan[name].siblings` of `others` (default one; none: a level of one distinct
+    task, nothing to know): it knows that task (its prompt and reference, as a policy trained on it knows
+    them) and/or the gate solves that task first."""
     for cheater in cheaters:
-        policy = cheater
-        if cheater.needs_sibling:
-            if other is None:  # a level of one distinct task: nothing to know
-                continue
-            policy = cheater.given(Sibling(other, tuple(m for m in env.reference_solution(other)
-                                                         if m.role == "assistant")))
-        if cheater.after_sibling:  # another task solved just before, on the same environment object
-            play(env, other, reference_policy(env, other), cfg.max_turns)
-        if cheater.after_reference:  # a sibling episode that solved the task, on the same environment object
-            play(env, task, reference_policy(env, task), cfg.max_turns)
-        runs = [play(env, task, policy, cfg.max_turns)]
-        while len(runs) < cheater.attempts and not _won(runs[-1]):  # the same policy again, in a fresh episode
-            runs.append(play(env, task, policy, cfg.max_turns))
-        got = runs[-1]
-        c = counts[cheater.name]
-        c.tried += 1
-        c.infra += got.reward.status != OK
-        if _won(got):
-            c.passed += 1
-            c.won.append(f"level {task.difficulty} seed {task.seed}")
-            if cheater.tolerance == 0:
-                attempt = f" on attempt {len(runs)}" if len(runs) > 1 else ""
-                fail("cheaters", f"{cheater_line(cheater)} passed{attempt}")
-        found = leaked(hidden, "\n".join(o for r in runs for o in r.observations))
-        if found:  # what a cheater is shown, a policy can be shown
-            fail("no leak", f"the cheater {cheater.name!r} is shown the hidden {found[0][:60]!r}")
+        if not cheater.needs_sibling:
+            _cheat(env, task, cheater, None, counts[cheater.name], cfg, fail, hidden)
+            continue
+        for other in others[:plan[cheater.name].siblings if plan else 1]:
+            _cheat(env, task, cheater, other, counts[cheater.name], cfg, fail, hidden)
+
+
+def _cheat(env: Environment, task: Task, cheater: Scripted, other: Task | None, c: CheatTally, cfg: QAConfig,
+           fail: Callable[[str, str], None], hidden: list[str]) -> None:
+    """One try of `cheater` on `task` (knowing, or after, `other`), added to its tally."""
+    policy = cheater if other is None else cheater.given(
+        Sibling(other, tuple(m for m in env.reference_solution(other) if m.role == "assistant")))
+    if cheater.after_sibling and other is not None:  # another task solved just before, on the same environment object
+        play(env, other, reference_policy(env, other), cfg.max_turns)
+    if cheater.after_reference:  # a sibling episode that solved the task, on the same environment object
+        play(env, task, reference_policy(env, task), cfg.max_turns)
+    runs = [play(env, task, policy, cfg.max_turns)]
+    while len(runs) < cheater.attempts and not _won(runs[-1]):  # the same policy again, in a fresh episode
+        runs.append(play(env, task, policy, cfg.max_turns))
+    got = runs[-1]
+    c.tried += 1
+    c.infra += got.reward.status != OK
+    if _won(got):
+        c.passed += 1
+        c.won.append(f"level {task.difficulty} seed {task.seed}")
+        if cheater.tolerance == 0:
+            attempt = f" on attempt {len(runs)}" if len(runs) > 1 else ""
+            fail("cheaters", f"{cheater_line(cheater)} passed{attempt}")
+    found = leaked(hidden, "\n".join(o for r in runs for o in r.observations))
+    if found:  # what a cheater is shown, a policy can be shown
+        fail("no leak", f"the cheater {cheater.name!r} is shown the hidden {found[0][:60]!r}")
 
 
 def cheater_line(cheater: Scripted) -> str:
@@ -552,30 +561,58 @@ def chance_tries(tolerance: float, rate: float, power: float) -> int:
     raise ValueError(f"no number of tries separates a rate of {rate} from a tolerance of {tolerance}")
 
 
-def _sized(report: GateReport, cfg: QAConfig, cheaters: list[Scripted], levels: int) -> tuple[int, int]:
-    """(tasks per level, cheater tasks per level) that give every chance test the tries its stated power
-    needs, raised from the configured ones where those are too few (said in `report.warnings`); fills
-    `report.power`."""
-    need_random = chance_tries(RANDOM_ANSWER_TOLERANCE, cfg.loophole_rate, cfg.loophole_power)
+@dataclass(frozen=True)
+class Tries:
+    """Where a cheater is tried: on the first `tasks` tasks of each level, a cheater that needs another task
+    once per other task, the next `siblings` of the level."""
+
+    tasks: int
+    siblings: int = 1
+
+
+def _sized(report: GateReport, cfg: QAConfig, cheaters: list[Scripted], levels: int) -> tuple[int, dict[str, Tries]]:
+    """(tasks per level, where each cheater is tried) that give every chance test the tries its stated power
+    needs, the tasks raised from the configured ones where those are too few (said in `report.warnings`);
+    fills `report.power`. Answer kinds try every cheater on every task (no sandbox); code and terminal ones
+    try each on the configured tasks, or as many as its own test needs (a 20% tolerance needs 17 tries, none
+    3), one that needs another task on fewer tasks each with several others, as other tasks' answers are."""
+    def need(tolerance: float) -> int:
+        return chance_tries(tolerance, cfg.loophole_rate, cfg.loophole_power)
+
+    need_random = need(RANDOM_ANSWER_TOLERANCE)
+    needs = {c.name: need(c.tolerance) for c in cheaters}
+    need_cheat = max(needs.values(), default=0)
+    answer, configured = report.kind == "answer", cfg.cheat_tasks_per_level  # configured 0: cheaters off
+    # tries per level where each task tries at most every other task of its level: other tasks' answers, and
+    # (code, terminal) the cheaters that need another task
+    pairs = [need_random, *(math.ceil(needs[c.name] / levels) for c in cheaters
+                            if c.needs_sibling and configured and not answer)]
     tasks = max(cfg.tasks_per_level, 1)
-    while tasks * (tasks - 1) < need_random:  # at most every other task's answer on each task of a level
+    while tasks * (tasks - 1) < max(pairs):
         tasks += 1
-    need_cheat = max((chance_tries(c.tolerance, cfg.loophole_rate, cfg.loophole_power) for c in cheaters), default=0)
-    cheat_tasks = cfg.cheat_tasks_per_level
-    if report.kind == "answer":  # every cheater tries every task
+    if answer:
         tasks = max(tasks, math.ceil(need_cheat / levels))
-    elif cheat_tasks:  # 0: cheaters off (said as skipped)
-        cheat_tasks = max(cheat_tasks, math.ceil(need_cheat / levels))
-        tasks = max(tasks, cheat_tasks)
+        plan = {name: Tries(tasks) for name in needs}
+    else:
+        plan = {}
+        for c in cheaters:
+            per_level = math.ceil(needs[c.name] / levels)
+            on = max(configured, per_level) if configured else 0
+            if c.needs_sibling and on:  # on the tasks there are, each with as many others of the level as it takes
+                on = min(on, tasks)
+                plan[c.name] = Tries(on, math.ceil(per_level / on))
+            else:
+                plan[c.name] = Tries(on)
+        tasks = max([tasks, *(t.tasks for t in plan.values())])
     report.power = {"loophole rate": cfg.loophole_rate, "power": cfg.loophole_power, "alpha": ALPHA,
                     "random answer tries": need_random, "others per task": min(tasks - 1, math.ceil(need_random / tasks)),
                     "cheater tries": need_cheat, "tasks per level": tasks}
     if tasks > cfg.tasks_per_level:
         report.warnings.append(f"tasks per level raised from {cfg.tasks_per_level} to {tasks}: the chance tests need "
-                               f"{need_random} tries of another task's answer a level and {need_cheat} of each "
+                               f"{need_random} tries of another task's answer a level and up to {need_cheat} of a "
                                f"cheater to catch one winning {cfg.loophole_rate:.0%} of tries with probability "
                                f"{cfg.loophole_power}")
-    return tasks, cheat_tasks
+    return tasks, plan
 
 
 def binomial_tail(k: int, n: int, p: float) -> float:

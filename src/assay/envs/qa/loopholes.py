@@ -14,7 +14,8 @@ payload or code, so a strategy that wins found a loophole any policy could find:
   integer), calls in numbers no honest policy makes (every candidate through a checking tool) and in
   orders it does not (a submitting or grading tool first, each tool twice, every tool after the others);
 - other tasks' identifiers: another task's solve (what a policy trained on it knows), replayed naming
-  that task in every argument its calls leave open, or with its identifiers swapped for this task's;
+  that task (in its reply, its programs and commands, every argument its calls leave open), or with its
+  identifiers swapped for this task's;
 - tests' strength: programs that do no work (the argument back, the visible examples special-cased);
 - state: the same wrong answer again and again, the tools read after a sibling episode solved the task,
   and, across tasks, another task's answer or no work at all right after that task was solved.
@@ -443,6 +444,13 @@ def identifiers(task: Task) -> list[str]:
     return list(dict.fromkeys([*_ID.findall(text), *_NAMED_ID.findall(text)]))
 
 
+def naming(task: Task, other: Task) -> list[str]:
+    """The identifiers of `task` that `other` does not show: what tells it from its siblings (one every task
+    shows, such as the `python3` of a shared system prompt, names none)."""
+    theirs = set(identifiers(other))
+    return [i for i in identifiers(task) if i not in theirs]
+
+
 def replayed(known: Sibling, task: Task, history: list[Message]) -> Message:
     """The sibling's solving turn for this point of the conversation (its last turn once they run out)."""
     turns = known.turns
@@ -459,32 +467,51 @@ def sibling_solve(known: Sibling) -> Respond:
     return lambda task, history: replayed(known, task, history)
 
 
-def naming_sibling(known: Sibling) -> Respond:
-    """Another task's solve, with every argument its calls leave out (an optional `problem`, `id`, `seed`)
-    set to that task's identifier, and its final reply opened with a line naming that task: for a tool or
-    verifier that grades the task the policy names."""
-    ids = identifiers(known.task)
+def open_value(prop: dict[str, Any], ids: list[str]) -> Any:
+    """What an argument a call leaves out is set to when it names the task `ids` identify (None: nothing)."""
     numbers = [i for i in ids if i.isdigit()] or [re.sub(r"\D", "", i) for i in ids if re.search(r"\d", i)]
+    kind = prop.get("type")
+    if kind == "string" and "enum" not in prop and ids:
+        return ids[0]
+    if kind == "integer" and numbers:
+        return int(numbers[0])
+    return None
 
-    def open_value(prop: dict[str, Any]) -> Any:
-        kind = prop.get("type")
-        if kind == "string" and "enum" not in prop and ids:
-            return ids[0]
-        if kind == "integer" and numbers:
-            return int(numbers[0])
-        return None
 
+def commented(text: str, comment: str) -> str:
+    """`text` with `comment` as the first line inside each fenced code block."""
+    out, inside = [], False
+    for line in text.split("\n"):
+        out.append(line)
+        if line.lstrip().startswith("```"):
+            inside = not inside
+            if inside:
+                out.append(comment)
+    return "\n".join(out)
+
+
+def naming_sibling(known: Sibling) -> Respond:
+    """Another task's solve naming that task wherever a verifier or tool may read which task an answer is for:
+    every argument its calls leave out (an optional `problem`, `id`, `seed`) set to that task's identifier,
+    its programs and bash commands opened with a comment naming it (`# P-4821`), and its final reply opened
+    with a line naming it. For a tool or verifier that grades the task the policy names."""
     def respond(task: Task, history: list[Message]) -> Message:
+        ids = naming(known.task, task)
         msg = replayed(known, task, history)
+        if not ids:
+            return msg
         specs = {t.name: t for t in task.tools}
         out = []
         for c in msg.tool_calls:
             props = properties(specs[c.name]) if c.name in specs else {}
-            extra = {n: v for n, p in props.items() if n not in c.arguments and (v := open_value(p)) is not None}
-            out.append(replace(c, arguments={**c.arguments, **extra}))
-        if not out and ids:  # a final reply: it names the task on a line of its own
-            return Message(msg.role, f"{ids[0]}\n{msg.content}")
-        return Message(msg.role, msg.content, out) if out else msg
+            args = {**c.arguments, **{n: v for n, p in props.items()
+                                      if n not in c.arguments and (v := open_value(p, ids)) is not None}}
+            if c.name == "bash" and isinstance(args.get("command"), str):
+                args["command"] = f"# {ids[0]}\n{args['command']}"
+            out.append(replace(c, arguments=args))
+        if out:
+            return Message(msg.role, msg.content, out)
+        return Message(msg.role, commented(f"{ids[0]}\n{msg.content}", f"# {ids[0]}"))  # a final reply
     return respond
 
 
@@ -504,12 +531,12 @@ def renamed(value: Any, mapping: dict[str, str]) -> Any:
 
 
 def as_this_task(known: Sibling) -> Respond:
-    """Another task's solve with its identifiers swapped for this task's (the k-th for the k-th): for a
-    verifier that checks the id names this episode's task but takes an answer any task has."""
-    theirs = identifiers(known.task)
-
+    """Another task's solve with its identifiers swapped for this task's (the k-th of those that tell it from
+    this task for the k-th of this task's): its reply, programs, commands and arguments, and so the files it
+    writes and the ids it submits. For a verifier that checks the id names this episode's task but takes an
+    answer any task has."""
     def respond(task: Task, history: list[Message]) -> Message:
-        mapping = {a: b for a, b in zip(theirs, identifiers(task), strict=False) if a != b}
+        mapping = dict(zip(naming(known.task, task), naming(task, known.task), strict=False))
         msg = replayed(known, task, history)
         return Message(msg.role, renamed(msg.content, mapping),
                        [replace(c, arguments=renamed(c.arguments, mapping)) for c in msg.tool_calls])

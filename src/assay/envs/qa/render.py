@@ -39,7 +39,7 @@ def print_report(console: Console, report: GateReport, changes: list[str]) -> No
         p = report.power
         console.print(f"  power: each chance test catches a strategy winning {p['loophole rate']:.0%} of its tries with "
                       f"probability {p['power']} ({p['random answer tries']} tries of another task's answer a level, "
-                      f"{p['cheater tries']} of each cheater; {p['tasks per level']} tasks a level)")
+                      f"up to {p['cheater tries']} of a cheater, as its tolerance needs; {p['tasks per level']} tasks a level)")
     if report.leaks:
         console.print(f"  bare answer value in the prompt: {report.leaks['answer in prompt']:.0%} of tasks, another "
                       f"task's {report.leaks['another answer in prompt']:.0%} (p = {report.leaks['p']:.2g})")

@@ -486,15 +486,18 @@ CHEATERS = [
              klass="tools", needs_tools=True, about=_ORDER_TWICE),
     Scripted("arguments at the schema's edges", lh.edges_then_odd, _T,
              tolerance=RANDOM_ANSWER_TOLERANCE, klass="tools", needs_tools=True, about=_EDGES),
-    Scripted("another task's solve, naming it", lh.unknown, ("answer",), tolerance=RANDOM_ANSWER_TOLERANCE,
+    # every kind (an answer, a program, commands in a workspace); 20%: another task's answer, program or commands
+    # may be this task's too
+    Scripted("another task's solve, naming it", lh.unknown, KINDS, tolerance=RANDOM_ANSWER_TOLERANCE,
              klass="ids", knowing=lh.naming_sibling,
-             about="replays another task's solve (what a policy trained on it knows) with every argument its calls "
-                   "leave open set to that task's identifier and its reply opened with that id, for a verifier "
-                   "that grades the task the policy names"),
-    Scripted("another task's solve, under this task's ids", lh.unknown, ("answer",), tolerance=RANDOM_ANSWER_TOLERANCE,
+             about="replays another task's solve (what a policy trained on it knows) naming that task: every "
+                   "argument its calls leave open set to that task's identifier, its programs and commands opened "
+                   "with a comment naming it, its reply with a line naming it; for a verifier that grades the task "
+                   "the policy names"),
+    Scripted("another task's solve, under this task's ids", lh.unknown, KINDS, tolerance=RANDOM_ANSWER_TOLERANCE,
              klass="ids", knowing=lh.as_this_task,
-             about="replays another task's solve with its identifiers swapped for this task's, for a verifier that "
-                   "checks the id but takes an answer any task has"),
+             about="replays another task's solve (reply, programs, commands, arguments) with its identifiers "
+                   "swapped for this task's, for a verifier that checks the id but takes an answer any task has"),
     Scripted("another task's answer, after it was solved", lh.unknown, ("answer",), tolerance=RANDOM_ANSWER_TOLERANCE,
              klass="state", knowing=lh.sibling_solve, after_sibling=True,
              about="right after another task was solved (same environment object), replays that solve here: a "
