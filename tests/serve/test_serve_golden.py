@@ -274,8 +274,8 @@ def test_a_missing_malformed_or_stale_golden_suite_is_one_line_before_any_model_
                                               "suite (see suites/ for examples)"
     (tmp_path / "bad.yaml").write_text("name: [")
     assert "bad.yaml: not valid YAML" in refusal(tmp_path / "bad.yaml")
-    (tmp_path / "stale.yaml").write_text("name: stale\nentries:\n- {env: arith@3, tasks: 4, hash: '0123456789ab'}\n")
-    assert "arith@3 changed since it was pinned (0123456789ab -> " in refusal(tmp_path / "stale.yaml")
+    (tmp_path / "stale.yaml").write_text("name: stale\nentries:\n- {env: arith@4, tasks: 4, hash: '0123456789ab'}\n")
+    assert "arith@4 changed since it was pinned (0123456789ab -> " in refusal(tmp_path / "stale.yaml")
     records = golden_records(tmp_path / "records", dirs / "stable", dirs / "twin", same)
     assert refusal(tmp_path / "stale.yaml", records).startswith("--golden takes one pinned suite file")
     # an environment with no passing QA record: serve has no override to offer, so it names only the check
