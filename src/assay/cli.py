@@ -197,7 +197,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, a .gg
     from assay.envs.registry import get_env
     from assay.eval.endpoint import Endpoint
     from assay.eval.evaluate import eval_tasks
-    from assay.eval.run import evaluate_policy, make_plan, suite_plan
+    from assay.eval.run import evaluate_plan, make_plan, suite_plan
     from assay.eval.suite import load_suite
     from assay.rollout.factory import backend_names
 
@@ -250,7 +250,7 @@ def eval_(target: Annotated[Path, typer.Argument(help="a policy directory, a .gg
     records = []
     for i, p in enumerate(policies):
         where = out / f"{i}_{p.name if isinstance(p, Path) else 'endpoint'}" if len(policies) > 1 else out
-        runs = [evaluate_policy(p, plan, seed + r, where / f"repeat_{r}" if repeats > 1 else where,
+        runs = [evaluate_plan(p, plan, seed + r, where / f"repeat_{r}" if repeats > 1 else where,
                                 kv_cache_mb=kv_cache_mb, run=run, prices=(price_prompt, price_completion), html=html,
                                 approvals=gated) for r in range(repeats)]
         if repeats > 1:

@@ -250,7 +250,7 @@ def test_an_equal_candidate_on_a_golden_suite_is_promoted_only_when_the_live_tes
         assert served[key] == by_eval[key], key
     assert served["domains"]["jsonl@4"]["per_task"] == by_eval["domains"]["jsonl@4"]["per_task"]
     # a second start reuses both records: nothing is evaluated again
-    monkeypatch.setattr("assay.eval.run.evaluate_policy", lambda *a, **k: pytest.fail("evaluated again"))
+    monkeypatch.setattr("assay.eval.run.evaluate_plan", lambda *a, **k: pytest.fail("evaluated again"))
     caplog.clear()
     with caplog.at_level(logging.INFO, "assay.serve.golden"):
         assert golden_gate_of(dirs / "stable", options, STANDARD) == gate

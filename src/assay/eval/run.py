@@ -59,7 +59,7 @@ def suite_plan(path: Path, settings: dict[str, Any], allow_unchecked: Collection
                       "suite_config": suite.model_dump(), "n": suite.samples}, allow_unchecked)
 
 
-def evaluate_policy(policy: Path | Endpoint, plan: Plan, seed: int, out: Path, *, kv_cache_mb: int = 0,
+def evaluate_plan(policy: Path | Endpoint, plan: Plan, seed: int, out: Path, *, kv_cache_mb: int = 0,
                     run: Path | None = None, prices: tuple[float, float] = (0.0, 0.0), html: bool = False,
                     approvals: Approvals | None = None) -> Path:
     """Evaluate one policy (a checkpoint or an endpoint) on the plan's tasks with the settings' backend and

@@ -288,7 +288,7 @@ def evaluate_golden(suite: Path, stable: Path, candidate: Path, weights: str) ->
     model loads."""
     from assay.core.config import EvalConfig
     from assay.envs.qa.enforce import UncheckedEnvironment
-    from assay.eval.run import evaluate_policy, suite_plan
+    from assay.eval.run import evaluate_plan, suite_plan
 
     seed = EvalConfig().seed  # `assay eval`'s defaults: the records are the command's
     try:
@@ -309,6 +309,6 @@ def evaluate_golden(suite: Path, stable: Path, candidate: Path, weights: str) ->
             shutil.rmtree(record, ignore_errors=True)  # an interrupted evaluation's trajectories, or stale settings
             log.info("golden suite %s: evaluating the %s policy %s (%s weights, %d tasks x %d samples) into %s",
                      settings["suite"], what, policy, weights, len(plan.tasks), plan.n, record)
-            evaluate_policy(policy, plan, seed, record)
+            evaluate_plan(policy, plan, seed, record)
         records.append(record)
     return records
