@@ -130,11 +130,17 @@ def run_assay(policy: Path, a: argparse.Namespace, out: Path, name: str
     `assay-dynamic` refills zero-variance groups; `assay-async` samples a step ahead on a process of its own."""
     dynamic = name == "assay-dynamic"
     pipeline = {"mode": "async", "max_staleness": 1, "workers": "process"} if name == "assay-async" else {}
+    domain = {"env": DOMAIN, "group_size": a.group, "max_new_tokens": a.max_tokens}
+    if name == "assay-levels":  # one domain a level at a static equal share: each step's groups span levels 1-4,
+        # as TRL's task list does (with --prompts 4, one group a level)
+        domains = [{**domain, "name": f"{DOMAIN}_l{lv}", "difficulty": {"min": lv, "max": lv}} for lv in range(1, 5)]
+    else:
+        domains = [{**domain, "name": DOMAIN, "difficulty": {"min": 1, "max": 4, "schedule": "uniform"}}]
     config = {
         "name": name, "run_dir": str(out), "seed": a.seed, "threads": a.threads,
         "model": {"path": str(policy)},
-        "domains": [{"name": DOMAIN, "env": DOMAIN, "group_size": a.group, "max_new_tokens": a.max_tokens,
-                     "difficulty": {"min": 1, "max": 4, "schedule": "uniform"}}],
+        "domains": domains,
+        **({"mixer": {"strategy": "static"}} if name == "assay-levels" else {}),
         "rollout": {"temperature": a.temperature, "weights": "bf16" if a.bf16 else "float32"},
         "pipeline": {"online": True, **pipeline},
         "train": {"steps": a.assay_steps, "groups_per_step": a.prompts, "lr": a.lr, "betas": [0.9, 0.99],
@@ -188,7 +194,8 @@ def main() -> None:
                         "final pass rate")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--runs", default="trl,assay,assay-dynamic",
-                   help="which to run: trl, assay (dynamic sampling off), assay-dynamic, assay-async; TRL's is the target")
+                   help="which to run: trl, assay (dynamic sampling off), assay-dynamic, assay-async, assay-levels "
+                        "(one group a level each step, as TRL's task list); TRL's is the target")
     a = p.parse_args()
     a.assay_steps = a.assay_steps or a.steps
     runs = a.runs.split(",")
@@ -204,7 +211,8 @@ def main() -> None:
     if "trl" in runs:
         rows.append(("TRL GRPOTrainer", *run_trl(a.policy, tasks_for(a.steps, a.prompts, a.seed), a, out)))
     labels = {"assay": "assay train, dynamic sampling off", "assay-dynamic": "assay train, dynamic sampling on",
-              "assay-async": "assay train, async (staleness 1), no refills"}
+              "assay-async": "assay train, async (staleness 1), no refills",
+              "assay-levels": "assay train, every level every step"}
     for name, label in labels.items():
         if name in runs:
             rows.append((label, *run_assay(a.policy, a, out, name)))
