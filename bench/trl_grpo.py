@@ -133,7 +133,7 @@ def run_assay(policy: Path, a: argparse.Namespace, out: Path, name: str
     domain = {"env": DOMAIN, "group_size": a.group, "max_new_tokens": a.max_tokens}
     if name == "assay-levels":  # one domain a level at a static equal share: each step's groups span levels 1-4,
         # as TRL's task list does (with --prompts 4, one group a level)
-        domains = [{**domain, "name": f"{DOMAIN}_l{lv}", "difficulty": {"min": lv, "max": lv}} for lv in range(1, 5)]
+        domains = [{**domain, "name": f"{DOMAIN}_l{lv}", "difficulty": {"min": lv, "max": lv, "start": lv}} for lv in range(1, 5)]
     else:
         domains = [{**domain, "name": DOMAIN, "difficulty": {"min": 1, "max": 4, "schedule": "uniform"}}]
     config = {
