@@ -130,17 +130,14 @@ def run_assay(policy: Path, a: argparse.Namespace, out: Path, name: str
     `assay-dynamic` refills zero-variance groups; `assay-async` samples a step ahead on a process of its own."""
     dynamic = name == "assay-dynamic"
     pipeline = {"mode": "async", "max_staleness": 1, "workers": "process"} if name == "assay-async" else {}
-    domain = {"env": DOMAIN, "group_size": a.group, "max_new_tokens": a.max_tokens}
-    if name == "assay-levels":  # one domain a level at a static equal share: each step's groups span levels 1-4,
-        # as TRL's task list does (with --prompts 4, one group a level)
-        domains = [{**domain, "name": f"{DOMAIN}_l{lv}", "difficulty": {"min": lv, "max": lv, "start": lv}} for lv in range(1, 5)]
-    else:
-        domains = [{**domain, "name": DOMAIN, "difficulty": {"min": 1, "max": 4, "schedule": "uniform"}}]
+    # `assay-levels`: the stratified schedule deals every step's groups across levels 1-4 in equal parts, as
+    # TRL's task list does (with --prompts 4, one group a level); the others draw each group's level at random
+    schedule = "stratified" if name == "assay-levels" else "uniform"
     config = {
         "name": name, "run_dir": str(out), "seed": a.seed, "threads": a.threads,
         "model": {"path": str(policy)},
-        "domains": domains,
-        **({"mixer": {"strategy": "static"}} if name == "assay-levels" else {}),
+        "domains": [{"name": DOMAIN, "env": DOMAIN, "group_size": a.group, "max_new_tokens": a.max_tokens,
+                     "difficulty": {"min": 1, "max": 4, "schedule": schedule}}],
         "rollout": {"temperature": a.temperature, "weights": "bf16" if a.bf16 else "float32"},
         "pipeline": {"online": True, **pipeline},
         "train": {"steps": a.assay_steps, "groups_per_step": a.prompts, "lr": a.lr, "betas": [0.9, 0.99],

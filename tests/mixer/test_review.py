@@ -26,3 +26,24 @@ def _passed(task):
     from assay.core.types import Trajectory
 
     return Trajectory(task=task, messages=[], token_ids=[], loss_mask=[], logprobs=[], prompt_len=0, reward=1.0, passed=True)
+
+
+def test_stratified_schedule_gives_every_batch_each_level_in_equal_parts_and_resumes_exactly():
+    import json
+
+    dom = DomainConfig(name="codegen", env="codegen", difficulty=DifficultyRange(min=1, max=4, schedule="stratified"))
+    envs = {"codegen": get_env("codegen")}
+    mixer = DomainMixer([dom], MixerConfig(strategy="static"), envs, seed=0)
+    for _ in range(5):  # a batch of as many groups as levels: one group a level, every time
+        assert sorted(t.difficulty for t in mixer.sample(4)) == [1, 2, 3, 4]
+    assert sorted(t.difficulty for t in mixer.sample(8)) == [1, 1, 2, 2, 3, 3, 4, 4]
+    odd = [t.difficulty for _ in range(4) for t in mixer.sample(3)]  # remainders come from one deck: balanced
+    assert sorted(odd) == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+    single = [t.difficulty for _ in range(8) for t in mixer.sample(1)]  # a refill a group at a time, too
+    assert sorted(single[:4]) == sorted(single[4:]) == [1, 2, 3, 4]
+    mixer.update([_passed(t) for t in mixer.sample(4)])  # everything passes: a curriculum would promote
+    assert mixer.curricula["codegen"].level == 1 and not mixer.curricula["codegen"].window
+    mixer.sample(2)  # half a deck left undealt: the resume must deal the rest
+    resumed = DomainMixer([dom], MixerConfig(strategy="static"), envs, seed=1)
+    resumed.load_state_dict(json.loads(json.dumps(mixer.state_dict())))
+    assert [(t.task_id, t.difficulty) for t in resumed.sample(6)] == [(t.task_id, t.difficulty) for t in mixer.sample(6)]

@@ -58,10 +58,12 @@ class DifficultyRange(_Strict):
     start: int = Field(1, description="Level the curriculum starts at; `min <= start <= max`")
     review: float = Field(0.0, ge=0, lt=1, description="Share of tasks drawn uniformly from the levels below the "
                                                        "current one (against forgetting)")
-    schedule: Literal["curriculum", "uniform"] = Field("curriculum", description=(
+    schedule: Literal["curriculum", "uniform", "stratified"] = Field("curriculum", description=(
         "`curriculum`: start at `start`, promote and demote on the rolling pass rate (the domain's `acceptance` "
         "and `regression`); `uniform`: every level of [`min`, `max`] in equal parts for the whole run (the levels "
-        "evaluation samples)"))
+        "evaluation samples), each task's level drawn at random; `stratified`: the same levels, in equal parts "
+        "within every batch (a batch of as many groups as levels has one group a level, so no step lacks the "
+        "easy tasks that give a weak policy reward variance)"))
     acceptance: float = Field(0.8, gt=0, le=1, description=(
         "Curriculum: the rolling pass rate that promotes a level; at `max` it marks the domain learned (the "
         "adaptive mixer stops favouring it)"))

@@ -82,6 +82,7 @@ class DomainMixer:
         self.rng = random.Random(seed)
         self.curricula = {d.name: Curriculum.from_config(d) for d in domains}
         self.history: dict[str, list[tuple[float, int]]] = {n: [] for n in names}  # (pass rate, level) per update
+        self.decks: dict[str, list[int]] = {n: [] for n in names}  # stratified schedules' undealt levels
         self.updates = 0
         self.ratios = self._floored(_normalized({d.name: d.weight for d in domains}))
 
@@ -110,14 +111,33 @@ class DomainMixer:
             fracs[i] = 0.0
         plan = [n for n, c in zip(names, counts, strict=True) for _ in range(c)]
         self.rng.shuffle(plan)
-        return [self._generate(name) for name in plan]
+        dealt = {n: self._deal(n, c) for n, c in zip(names, counts, strict=True)
+                 if c and self.domains[n].difficulty.schedule == "stratified"}
+        return [self._generate(name, dealt[name].pop() if name in dealt else None) for name in plan]
 
-    def _generate(self, name: str) -> Task:
+    def _deal(self, name: str, count: int) -> list[int]:
+        """`count` levels of a stratified domain: every level `count // L` times, and the remainder from a deck
+        that deals each level once before any level twice, so remainders balance across batches too."""
+        cur = self.curricula[name]
+        levels = list(range(cur.min_level, cur.max_level + 1))
+        out = levels * (count // len(levels))
+        deck = self.decks[name]
+        for _ in range(count % len(levels)):
+            if not deck:
+                deck.extend(levels)
+                self.rng.shuffle(deck)
+            out.append(deck.pop())
+        self.rng.shuffle(out)
+        return out
+
+    def _generate(self, name: str, dealt: int | None) -> Task:
         cur = self.curricula[name]
         level = cur.level
         difficulty = self.domains[name].difficulty
         review = difficulty.review
-        if difficulty.schedule == "uniform":
+        if dealt is not None:
+            level = dealt
+        elif difficulty.schedule == "uniform":
             level = self.rng.randint(cur.min_level, cur.max_level)
         elif review and level > cur.min_level and self.rng.random() < review:  # keep the levels below in practice
             level = self.rng.randint(cur.min_level, level - 1)
@@ -144,7 +164,7 @@ class DomainMixer:
             if not ok:
                 continue
             cur = self.curricula[name]
-            if self.domains[name].difficulty.schedule == "curriculum":  # a uniform schedule never moves
+            if self.domains[name].difficulty.schedule == "curriculum":  # a uniform or stratified one never moves
                 for t in ok:
                     if t.task.difficulty == cur.level:  # late results from another level do not count here
                         cur.record(t.passed)
@@ -203,6 +223,7 @@ class DomainMixer:
             "curricula": {n: c.state_dict() for n, c in self.curricula.items()},
             "history": {n: [[r, lv] for r, lv in h] for n, h in self.history.items()},
             "rng": [version, list(internal), gauss],
+            "decks": {n: list(deck) for n, deck in self.decks.items()},
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -217,5 +238,6 @@ class DomainMixer:
         self.updates = int(d["updates"])
         self.ratios = {n: float(d["ratios"][n]) for n in self.domains}
         self.history = {n: [(float(r), int(lv)) for r, lv in d["history"][n]] for n in self.domains}
+        self.decks = {n: [int(lv) for lv in d.get("decks", {}).get(n, [])] for n in self.domains}  # older: none
         version, internal, gauss = d["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
