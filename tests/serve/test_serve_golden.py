@@ -26,7 +26,7 @@ from assay.cli import app
 from assay.core.errors import AssayError
 from assay.core.modeling import save_model
 from assay.envs import env_hash, env_spec, get_env
-from assay.eval.record import read_record
+from assay.eval.record import policy_identity, read_record
 from assay.serve.canary import CanaryConfig
 from assay.serve.golden import golden_dir, golden_gate, load_gate, pick_records
 from assay.serve.profile import FAST, STANDARD
@@ -251,10 +251,13 @@ def test_an_equal_candidate_on_a_golden_suite_is_promoted_only_when_the_live_tes
     assert served["domains"]["jsonl@4"]["per_task"] == by_eval["domains"]["jsonl@4"]["per_task"]
     # a second start reuses both records: nothing is evaluated again
     monkeypatch.setattr("assay.eval.run.evaluate_plan", lambda *a, **k: pytest.fail("evaluated again"))
+    hashed = []  # and each policy's weights are hashed once: a large model's take seconds
+    monkeypatch.setattr("assay.serve.golden.policy_identity", lambda p: hashed.append(p) or policy_identity(p))
     caplog.clear()
     with caplog.at_level(logging.INFO, "assay.serve.golden"):
         assert golden_gate_of(dirs / "stable", options, STANDARD) == gate
     assert caplog.text.count("is reused (same suite sha256, settings and weights sha256)") == 2
+    assert sorted(hashed) == [dirs / "stable", dirs / "twin"]
     server, d, _ = deploy(twin, gate=gate, share=0.5, margin=0.5, min_feedback=10)
     assert d.current == 1 and d.candidate == 2 and d.decision == "continue"  # the gate alone promotes nothing
     drive(server.url, d, limit=200)
@@ -289,3 +292,28 @@ def test_a_missing_malformed_or_stale_golden_suite_is_one_line_before_any_model_
     assert said.startswith(f"--golden {tmp_path / 'unchecked.yaml'}: environment {env_spec(env)} (hash ") and \
         said.endswith(f"gates promotion on checked environments only: check it with `assay env check {env_spec(env)} "
                       f"--env-arg path={data}`") and "--allow-unchecked" not in said, said
+
+
+def test_a_second_deployment_waits_for_the_golden_evaluation_under_way(tmp_path, caplog):
+    import threading
+    import time
+
+    from assay.serve.golden import _locked
+
+    order = []
+
+    def second() -> None:
+        with _locked(tmp_path / "suite"):
+            order.append("second")
+
+    with caplog.at_level(logging.INFO, "assay.serve.golden"):
+        with _locked(tmp_path / "suite"):
+            waiting = threading.Thread(target=second)
+            waiting.start()
+            for _ in range(200):
+                if "waiting for it" in caplog.text:
+                    break
+                time.sleep(0.05)
+            order.append("first")
+        waiting.join(10)
+    assert "another process is evaluating into" in caplog.text and order == ["first", "second"]

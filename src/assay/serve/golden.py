@@ -27,11 +27,13 @@ being that small."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -215,12 +217,19 @@ def _served_hash(what: str, policy: Path) -> str:
                          "import turns a .gguf or packaged model into one)") from None
 
 
-def pick_records(paths: Sequence[Path], stable: Path, candidate: Path
+def served_hashes(stable: Path, candidate: Path) -> tuple[str, str]:
+    """The sha256 of the stable and the candidate policy's weights files: hashed once per deployment start, since a
+    large model's weights take seconds each."""
+    return _served_hash("stable", stable), _served_hash("candidate", candidate)
+
+
+def pick_records(paths: Sequence[Path], stable: Path, candidate: Path, hashes: tuple[str, str] | None = None
                  ) -> tuple[tuple[Path, dict[str, Any]], tuple[Path, dict[str, Any]]]:
     """The record of the stable policy and the record of the candidate among those `paths` hold, matched by the
-    sha256 of the weights files each record names and each served policy directory holds."""
+    sha256 of the weights files each record names and each served policy directory holds (`hashes`, when the
+    caller has them)."""
     records = [(p, read_record(p)) for p in find_records(paths)]
-    hs, hc = _served_hash("stable", stable), _served_hash("candidate", candidate)
+    hs, hc = hashes or served_hashes(stable, candidate)
     listing = "; ".join(_described(p, r) for p, r in records)
     if hs == hc:  # the same weights twice: the records in the order given
         same = [pr for pr in records if _weights(pr[1]) == hs]
@@ -241,11 +250,11 @@ def pick_records(paths: Sequence[Path], stable: Path, candidate: Path
     return picked[0], picked[1]
 
 
-def load_gate(paths: Sequence[Path], stable: Path, candidate: Path, weights: str, margin: float, alpha: float
-              ) -> Gate:
+def load_gate(paths: Sequence[Path], stable: Path, candidate: Path, weights: str, margin: float, alpha: float,
+              hashes: tuple[str, str] | None = None) -> Gate:
     """The gate of a deployment serving `stable` and `candidate` (policy directories) with the engine's `weights`
     (float32, int8): records found and matched (`pick_records`), then compared (`golden_gate`)."""
-    (ps, rs), (pc, rc) = pick_records(paths, stable, candidate)
+    (ps, rs), (pc, rc) = pick_records(paths, stable, candidate, hashes)
     for path, record in ((ps, rs), (pc, rc)):
         evaluated = record.get("settings", {}).get("weights", "float32")
         if evaluated != weights:
@@ -280,7 +289,8 @@ def _reusable(record: Path, settings: dict[str, Any], weights_sha256: str) -> bo
     return _weights(found) == weights_sha256 and all(found["settings"].get(k) == v for k, v in want.items())
 
 
-def evaluate_golden(suite: Path, stable: Path, candidate: Path, weights: str) -> list[Path]:
+def evaluate_golden(suite: Path, stable: Path, candidate: Path, weights: str, hashes: tuple[str, str] | None = None
+                    ) -> list[Path]:
     """The records of the policy directories `stable` and `candidate` on the pinned `suite`, as `assay eval SUITE
     --policy STABLE --policy CANDIDATE --weights WEIGHTS` writes them: each reused from `golden_dir()` when one of
     the same suite sha256, settings and weights sha256 is there, else evaluated into it. A suite that is missing,
@@ -296,19 +306,33 @@ def evaluate_golden(suite: Path, stable: Path, candidate: Path, weights: str) ->
     except UncheckedEnvironment as e:  # no override here: a promotion gate on an unchecked environment proves nothing
         raise AssayError(f"--golden {suite}: {e.problem}; a golden suite gates promotion on checked "
                          f"environments only: check it with `{e.check}`") from None
-    hashes = {"stable": _served_hash("stable", stable), "candidate": _served_hash("candidate", candidate)}
     settings = plan.settings
     where = golden_dir() / f"{settings['suite']}-{settings['suite_sha256'][:12]}"
     records = []
-    for what, policy in (("stable", stable), ("candidate", candidate)):
-        record = where / f"{weights}-{hashes[what][:12]}"
-        if _reusable(record, settings, hashes[what]):
-            log.info("golden suite %s: the %s policy's record %s is reused (same suite sha256, settings and weights "
-                     "sha256)", settings["suite"], what, record)
-        else:
-            shutil.rmtree(record, ignore_errors=True)  # an interrupted evaluation's trajectories, or stale settings
-            log.info("golden suite %s: evaluating the %s policy %s (%s weights, %d tasks x %d samples) into %s",
-                     settings["suite"], what, policy, weights, len(plan.tasks), plan.n, record)
-            evaluate_plan(policy, plan, seed, record)
-        records.append(record)
+    with _locked(where):  # a second deployment starting on the same suite waits, then reuses these records
+        for what, policy, sha in zip(("stable", "candidate"), (stable, candidate),
+                                     hashes or served_hashes(stable, candidate), strict=True):
+            record = where / f"{weights}-{sha[:12]}"
+            if _reusable(record, settings, sha):
+                log.info("golden suite %s: the %s policy's record %s is reused (same suite sha256, settings and "
+                         "weights sha256)", settings["suite"], what, record)
+            else:
+                shutil.rmtree(record, ignore_errors=True)  # an interrupted evaluation's trajectories, or stale settings
+                log.info("golden suite %s: evaluating the %s policy %s (%s weights, %d tasks x %d samples) into %s",
+                         settings["suite"], what, policy, weights, len(plan.tasks), plan.n, record)
+                evaluate_plan(policy, plan, seed, record)
+            records.append(record)
     return records
+
+
+@contextmanager
+def _locked(where: Path) -> Iterator[None]:
+    """Hold WHERE/.lock (an exclusive flock, released however this process ends) while the block runs."""
+    where.mkdir(parents=True, exist_ok=True)
+    with (where / ".lock").open("w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("golden suite: another process is evaluating into %s; waiting for it", where)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield

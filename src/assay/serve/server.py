@@ -23,7 +23,7 @@ from assay.rollout.engine import Engine, EngineConfig
 from assay.serve.app import ServeState, make_app
 from assay.serve.batcher import Batcher
 from assay.serve.canary import CanaryConfig, Deployment, canary
-from assay.serve.golden import Gate, evaluate_golden, golden_suite, load_gate
+from assay.serve.golden import Gate, evaluate_golden, golden_suite, load_gate, served_hashes
 from assay.serve.metrics import make_metrics
 from assay.serve.profile import ServeProfile
 from assay.serve.session_log import SessionLog
@@ -102,8 +102,9 @@ def golden_gate_of(stable: Path, options: ServeOptions, profile: ServeProfile) -
     margin = cfg.margin if options.golden_margin is None else options.golden_margin
     candidate, weights = policy_dir(options.canary), profile.engine.weights
     suite = golden_suite(options.golden)
-    records = options.golden if suite is None else evaluate_golden(suite, stable, candidate, weights)
-    return load_gate(records, stable, candidate, weights, margin, cfg.alpha)
+    hashes = served_hashes(stable, candidate)
+    records = options.golden if suite is None else evaluate_golden(suite, stable, candidate, weights, hashes)
+    return load_gate(records, stable, candidate, weights, margin, cfg.alpha, hashes)
 
 
 def _candidate(stable: ServeState, options: ServeOptions, profile: ServeProfile, gate: Gate | None
