@@ -42,16 +42,18 @@ STANDARD = register_profile(ServeProfile(
     "standard", "the engine as training runs it: the policy's own float weights, no speculation",
     EngineConfig(), max_batch=EngineConfig().max_seqs))
 
-# Latency first: at most 8 sequences in the batch (the int8 kernel's rows, so every decode step is the C
-# step on int8 weights; more requests wait in the queue), a step budget of 256 tokens (a joining prompt's
-# prefill stalls the decoding sequences for at most that many tokens a step; the scheduler runs every
-# decode first), and prompt-lookup drafts of 3 tokens while at most 2 sequences run (2 x (1 + 3) rows:
-# a verifying step stays within the int8 kernel's 8 rows), drafted only from a match of 2 tokens or more:
-# verifying 4 rows costs ~3x one row here, and a 1-token match drafted often and was mostly rejected
-# (docs/experiments.md). The LM head is int8 too: measured +0.0004 nats/token of KL for ~15% more speed.
+# Latency first at light load, throughput under it. While at most 8 sequences run (the int8 kernel's rows) every
+# decode step is the C step on int8 weights; more requests join the batch rather than wait in the queue, and
+# those steps run oneDNN on the dequantized weights, standard's GEMM (capping the batch at 8 queued the rest:
+# at 32 clients a 2.7 s median time to first token, 0.86x standard's tokens/s; docs/experiments.md). A step
+# budget of 256 tokens (a joining prompt's prefill stalls the decoding sequences for at most that many tokens a
+# step; the scheduler runs every decode first), and prompt-lookup drafts of 3 tokens while at most 2 sequences
+# run (2 x (1 + 3) rows: a verifying step stays within the int8 kernel's 8 rows), drafted only from a match of
+# 2 tokens or more: verifying 4 rows costs ~3x one row here, and a 1-token match drafted often and was mostly
+# rejected. The LM head is int8 too: measured +0.0004 nats/token of KL for ~15% more speed.
 FAST = register_profile(ServeProfile(
-    "fast", "latency first: weight-only int8 linears and LM head, prompt-lookup speculative decoding, "
-            "a batch of at most 8",
+    "fast", "latency first: weight-only int8 linears and LM head, prompt-lookup speculative decoding while the "
+            "batch is small",
     EngineConfig(weights="int8", int8_head=True, speculative_tokens=3, speculative_max_batch=2,
-                 speculative_min_ngram=2, max_batched_tokens=256, max_seqs=8),
-    max_batch=8))
+                 speculative_min_ngram=2, max_batched_tokens=256),
+    max_batch=EngineConfig().max_seqs))
