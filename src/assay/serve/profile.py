@@ -56,4 +56,4 @@ FAST = register_profile(ServeProfile(
             "batch is small",
     EngineConfig(weights="int8", int8_head=True, speculative_tokens=3, speculative_max_batch=2,
                  speculative_min_ngram=2, max_batched_tokens=256),
-    max_batch=EngineConfig().max_seqs))
+    max_batch=STANDARD.max_batch))
