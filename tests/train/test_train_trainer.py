@@ -278,3 +278,16 @@ def test_activation_checkpointing_gives_the_same_gradient():
     assert getattr(again, "is_activation_checkpointing", None) or again.is_gradient_checkpointing
     for a, b in zip(plain, grads(again), strict=True):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_groups_after_one_system_prompt_each_run_their_whole_prompt_once():
+    """Every group's prompt starts with the same system prompt: a run must end at the next group, whose prompt
+    shares only that, so each micro-batch's shared prefix is its group's whole prompt, not the system prompt."""
+    from assay.train.trainer import Sample, _pad, micro_batches
+
+    system = list(range(1, 21))  # 20 tokens every prompt starts with
+    batch = [traj(system + [50 + g] * 12 + [90 + k] * (2 + k), [0] * 32 + [1] * (2 + k), float(k), f"g{g}")
+             for g in range(3) for k in range(3)]
+    chunks = micro_batches([Sample(t, 1.0) for t in batch], 16, share_prefix=True)
+    assert [{s.traj.group_id for s in c} for c in chunks] == [{"g0"}, {"g1"}, {"g2"}]
+    assert [int(_pad(c, torch.device("cpu"), True)["prefix_len"]) for c in chunks] == [31, 31, 31]

@@ -38,9 +38,9 @@ class ModelConfig(_Strict):
     device: str = Field("cpu", description="Where the policy, the reference model and the engine hold their weights: "
                                            "`cpu`, `cuda`, `cuda:N`")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="The weights' dtype there")
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field("sdpa", description=(
-        "The transformers attention implementation; `sdpa` is no slower than `eager` for the tiny built models "
-        "(docs/architecture.md, Threads)"))
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field("auto", description=(
+        "The transformers attention implementation. `auto`: SDPA, except bfloat16 on the CPU at a training "
+        "micro-batch's size, where matmul attention is faster (core/attention.py)"))
     chat_template_kwargs: dict[str, Any] = Field({}, description=(
         "Variables for the tokenizer's chat template wherever a prompt or turn layout is rendered, e.g. "
         "`{enable_thinking: false}` for Qwen3's non-thinking mode (core.chat_format.set_template_kwargs)"))

@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from assay.core.atomic import atomic_dir
+from assay.core.attention import implementation
 from assay.core.chat_format import chat_format, set_template_kwargs, template_kwargs
 from assay.core.config import ModelConfig
 from assay.core.errors import AssayError, CheckpointError
@@ -70,7 +71,7 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrai
         pad_token_id=tokenizer.pad_token_id,
     )
     config = Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
-    config._attn_implementation = cfg.attn_implementation
+    config._attn_implementation = implementation(cfg.attn_implementation)
     model_cls = Qwen2ForCausalLM if cfg.arch == "qwen2" else LlamaForCausalLM
     model = model_cls(config)
     # Only the special ids live here: a chat turn ends at <|im_end|>. Sampling settings are passed
@@ -97,7 +98,7 @@ def load_model(
     path: str | Path, cfg: ModelConfig | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer from a local Hugging Face directory, a .gguf file or a packaged model's name (never the network), placed by `cfg`'s
-    device, dtype and attention implementation (default: float32 on the CPU, sdpa); its tokenizer renders its chat
+    device, dtype and attention implementation (default: float32 on the CPU, auto); its tokenizer renders its chat
     template with `cfg.chat_template_kwargs`, or where none are given those the directory was saved with."""
     cfg = cfg or ModelConfig()
     device = device_of(cfg)
@@ -108,6 +109,7 @@ def load_model(
 
         model, tokenizer = load_gguf(d)
         model = model.to(device=device, dtype=DTYPES[cfg.dtype])
+        model.set_attn_implementation(implementation(cfg.attn_implementation))
         use_template(tokenizer, cfg.chat_template_kwargs)
         return model, tokenizer
     if not d.is_dir():
@@ -120,7 +122,7 @@ def load_model(
     try:
         tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            d, local_files_only=True, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
+            d, local_files_only=True, dtype=DTYPES[cfg.dtype], attn_implementation=implementation(cfg.attn_implementation)
         ).to(device)
     except Exception as e:  # transformers raises OSError, ValueError, safetensors errors...: all mean corrupt
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -105,15 +105,20 @@ def _shared_tokens(a: Sample, b: Sample) -> int:
 def micro_batches(samples: Sequence[Sample], size: int, share_prefix: bool) -> list[list[Sample]]:
     """Consecutive micro-batches of at most `size` samples. With `share_prefix`, a run of samples that share
     a prompt (a group's, kept together in the batch) is never mixed with another, so that each of its
-    micro-batches runs the prompt once; samples that share none are batched together after the runs."""
+    micro-batches runs the prompt once; samples that share none are batched together after the runs. A run
+    ends where the next sample shares less with it than its members do (another group's prompt after the same
+    system prompt), so each group runs its whole prompt once, not only what every group has in common."""
     if not share_prefix:
         return [list(samples[lo : lo + size]) for lo in range(0, len(samples), size)]
     runs: list[list[Sample]] = []
+    shared = 0  # what the last run's members have in common
     for s in samples:
-        if runs and _shared_tokens(runs[-1][0], s) >= MIN_SHARED_PREFIX:
+        common = _shared_tokens(runs[-1][0], s) if runs else 0
+        if common >= MIN_SHARED_PREFIX and (len(runs[-1]) == 1 or common >= shared):
             runs[-1].append(s)
         else:
             runs.append([s])
+        shared = common
     loose = [r[0] for r in runs if len(r) == 1]
     return [run[lo : lo + size] for run in [*(r for r in runs if len(r) > 1), loose] for lo in range(0, len(run), size)]
 
