@@ -28,7 +28,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -131,8 +130,8 @@ class PackedWeights:
                        reps: int = 5) -> int:
         """The most rows (up to the int8 kernel's) at which, and at every count below, the int8 kernel ran these
         projections together no slower than oneDNN's float32 GEMM on their dequantized weights, timed here on
-        this CPU: the fastest of `reps` alternated calls of each. On AMX the kernel won at every count; on a Zen 4
-        (AVX-512, no AMX) oneDNN won from 3 rows on (docs/experiments.md)."""
+        this CPU: the fastest of `reps` alternated calls of each. On a Zen 4 (AVX-512, no AMX) oneDNN won from 3
+        rows on at SmolLM2's layers (docs/experiments.md)."""
         g = torch.Generator().manual_seed(0)
         for rows in range(1, cpu_kernel.int8_rows() + 1):
             int8_s = float32_s = 0.0
@@ -140,8 +139,8 @@ class PackedWeights:
                 pack = self.panels(weights, biases)
                 self.blocked(weights, biases)
                 x = torch.randn(rows, weights[0].shape[1], generator=g)
-                a, b = _race(partial(cpu_kernel.int8_linear, x, pack.panels, pack.scales, pack.bias, pack.rows),
-                             partial(_linear, x, pack.onednn, pack.bias), reps)
+                int8 = functools.partial(cpu_kernel.int8_linear, x, pack.panels, pack.scales, pack.bias, pack.rows)
+                a, b = _race(int8, functools.partial(_linear, x, pack.onednn, pack.bias), reps)
                 int8_s, float32_s = int8_s + a, float32_s + b
             if int8_s > float32_s:
                 return rows - 1
