@@ -114,7 +114,10 @@ def run_trl(policy: Path, tasks: list, a: argparse.Namespace, out: Path) -> tupl
                      loss_type="dapo", max_steps=a.steps, lr_scheduler_type="constant", warmup_steps=0,
                      adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0, shuffle_dataset=False,
                      logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=a.bf16, seed=a.seed,
-                     top_k=0, top_p=1.0)
+                     top_k=0, top_p=1.0,
+                     # TRL's default recomputes activations in the backward; Assay's trainer keeps them
+                     # (train.activation_checkpointing: false), and at this size memory binds neither
+                     gradient_checkpointing=a.trl_checkpointing)
     start = time.perf_counter()
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, callbacks=[Checkpoints()], peft_config=peft)
@@ -189,6 +192,8 @@ def main() -> None:
     p.add_argument("--assay-steps", type=int, default=None,
                    help="steps of Assay's runs (default: --steps); more, with --every, shows when they reach TRL's "
                         "final pass rate")
+    p.add_argument("--trl-checkpointing", action="store_true",
+                   help="TRL's default gradient checkpointing (off unless given: the faster TRL where memory allows)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--runs", default="trl,assay,assay-dynamic",
                    help="which to run: trl, assay (dynamic sampling off), assay-dynamic, assay-async, assay-levels "

@@ -78,7 +78,7 @@ def test_engine_int8_greedy_is_well_formed_and_close_to_float32(model, tok):
 def test_int8_decode_step_in_c_equals_the_fused_rows(model, tok):
     """Fed a token a step, the answer runs the whole-step C kernel; fed 8 a step, the fused path's int8 GEMMs:
     the same int8 weights, so the same logprobs up to float rounding."""
-    fast = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_rows=cpu_kernel.int8_rows()))
+    fast = Engine(model, tok, EngineConfig(**SMALL, weights="int8"))
     prompt = tok.encode("<|im_start|>user\nWhat is 5+10?<|im_end|>\n<|im_start|>assistant\n")
     answer = tok.encode("15<|im_end|>\n<|im_start|>user\nWhat is 6+12?<|im_end|>")
     one = teacher_forced_logprobs(fast, prompt, answer, chunk=1)
@@ -108,52 +108,9 @@ def test_speculation_on_int8_keeps_the_int8_greedy_output(model, tok):
     the same int8 weights, so the same greedy tokens."""
     prompts = [tok.encode(f"<|im_start|>user\nWhat is {i}+{2 * i}? What is {i}+{2 * i}?<|im_end|>\n") for i in (4, 21)]
     params = SamplingParams(temperature=0, max_tokens=32)
-    every = cpu_kernel.int8_rows()  # every row count on the int8 kernel, whatever this CPU's timing says
-    plain = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True, int8_rows=every))
+    plain = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True))
     spec = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True, speculative_tokens=3,
-                                           speculative_max_batch=2, int8_rows=every))
+                                           speculative_max_batch=2))
     want = [r.token_ids for [r] in plain.generate([GenRequest(p, params) for p in prompts])]
     assert [r.token_ids for [r] in spec.generate([GenRequest(p, params) for p in prompts])] == want
     assert spec.last_stats["draft_proposed"] > 0
-
-
-@pytest.mark.parametrize(("slower_from", "want"), [(4, 3), (1, 0), (None, 8)])
-def test_the_int8_row_limit_is_the_last_count_before_onednn_wins(monkeypatch, slower_from, want):
-    """`time_int8_rows` races the kernel against oneDNN row count by row count and stops at the first loss."""
-    from assay.rollout.engine import onednn
-
-    rows_timed = []
-
-    def race(a, b, reps):  # the int8 call's partial carries x: its rows are the count being timed
-        rows = a.args[0].shape[0]
-        rows_timed.append(rows)
-        return (2.0, 1.0) if slower_from is not None and rows >= slower_from else (1.0, 2.0)
-
-    monkeypatch.setattr(onednn, "_race", race)
-    monkeypatch.setattr(cpu_kernel, "int8_rows", lambda: 8)
-    packs = onednn.PackedWeights("int8")
-    w = torch.randn(24, 16)
-    assert packs.time_int8_rows([((w,), (None,)), ((w[:8],), (None,))]) == want
-    assert max(rows_timed) == (slower_from or 8)  # no count past the first loss is timed
-
-
-def test_the_engine_times_its_int8_rows_or_takes_them_from_its_config(model, tok):
-    most = cpu_kernel.int8_rows()
-    timed = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True))
-    assert 0 <= timed.model.packs.skinny_rows <= most and 0 <= timed.model.head_packs.skinny_rows <= most
-    assert timed.model.head_packs is not timed.model.packs  # the head's limit is its own
-    fixed = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True, int8_rows=3))
-    assert fixed.model.packs.skinny_rows == fixed.model.head_packs.skinny_rows == 3
-    with pytest.raises(AssayError, match="int8_rows"):
-        Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_rows=most + 1))
-
-
-def test_int8_weights_give_the_same_greedy_output_at_any_row_limit(model, tok):
-    """At limit 1 every step of the three prompts runs oneDNN on the dequantized weights, at 8 the int8 kernel: the
-    same weights, so the same tokens."""
-    prompts = [tok.encode(f"<|im_start|>user\nWhat is {i}+{3 * i}?<|im_end|>\n") for i in (2, 5, 8)]
-    params = SamplingParams(temperature=0, max_tokens=24)
-    outs = [[r.token_ids for [r] in Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True,
-                                                                    int8_rows=rows)).generate(
-        [GenRequest(p, params) for p in prompts])] for rows in (cpu_kernel.int8_rows(), 1)]
-    assert outs[0] == outs[1]

@@ -42,16 +42,15 @@ STANDARD = register_profile(ServeProfile(
     "standard", "the engine as training runs it: the policy's own float weights, no speculation",
     EngineConfig(), max_batch=EngineConfig().max_seqs))
 
-# Latency first at light load, throughput under it. While the int8 kernel is faster than oneDNN's float32 GEMM
-# at the batch's rows (up to 8, timed as the engine starts: EngineConfig.int8_rows) every decode step is the C
-# step on int8 weights; more requests join the batch rather than wait in the queue, and those steps run oneDNN
-# on the dequantized weights, standard's GEMM (capping the batch at 8 queued the rest:
+# Latency first at light load, throughput under it. While at most 8 sequences run (the int8 kernel's rows) every
+# decode step is the C step on int8 weights; more requests join the batch rather than wait in the queue, and
+# those steps run oneDNN on the dequantized weights, standard's GEMM (capping the batch at 8 queued the rest:
 # at 32 clients a 2.7 s median time to first token, 0.86x standard's tokens/s; docs/experiments.md). A step
 # budget of 256 tokens (a joining prompt's prefill stalls the decoding sequences for at most that many tokens a
 # step; the scheduler runs every decode first), and prompt-lookup drafts of 3 tokens while at most 2 sequences
-# run (2 x (1 + 3) rows: a verifying step stays within the int8 kernel's 8 rows, on a CPU where it wins there),
-# drafted only from a match of 2 tokens or more: verifying 4 rows costs ~3x one row here, and a 1-token match
-# drafted often and was mostly rejected. The LM head is int8 too: measured +0.0004 nats/token of KL for ~15% more speed.
+# run (2 x (1 + 3) rows: a verifying step stays within the int8 kernel's 8 rows), drafted only from a match of
+# 2 tokens or more: verifying 4 rows costs ~3x one row here, and a 1-token match drafted often and was mostly
+# rejected. The LM head is int8 too: measured +0.0004 nats/token of KL for ~15% more speed.
 FAST = register_profile(ServeProfile(
     "fast", "latency first: weight-only int8 linears and LM head, prompt-lookup speculative decoding while the "
             "batch is small",

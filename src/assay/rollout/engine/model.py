@@ -39,7 +39,7 @@ class Batch:
 
 class PagedModel:
     def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int, gemm: str = "auto",
-                 weights: str = "float32", int8_head: bool = False, int8_rows: int = 0) -> None:
+                 weights: str = "float32", int8_head: bool = False) -> None:
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise AssayError(f"the engine runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}; "
@@ -76,22 +76,14 @@ class PagedModel:
         self.dtype, self.device = param.dtype, param.device
         self.packs = _packed_weights(gemm, param, _check_weights(weights, param, gemm))
         # the LM head's own packs: float32 unless int8_head (its quantization costs the most quality; in bf16 the
-        # logits themselves would be rounded to bf16's 8 bits); int8 ones time their own row limit
-        if self.packs is None or self.packs.weights == "float32":
-            self.head_packs = self.packs
-        else:
-            self.head_packs = onednn.PackedWeights("int8" if self.packs.int8 and int8_head else "float32")
+        # logits themselves would be rounded to bf16's 8 bits)
+        keep = self.packs is None or self.packs.weights == "float32" or (self.packs.int8 and int8_head)
+        self.head_packs = self.packs if keep else onednn.PackedWeights()
         if self.packs is not None:
             for _, qkv, o, _, gate_up, down in self.step_weights:
                 for linear in (qkv, o, gate_up, down):
                     self.packs.prepack(*linear)
             self.head_packs.prepack(*_side_by_side(self.lm_head))
-            # how many rows take the int8 kernel (and a decode step of that many, the C step): the CPU decides
-            _, qkv, o, _, gate_up, down = self.step_weights[0]
-            for packs, linears in ((self.packs, [qkv, o, gate_up, down]),
-                                   (self.head_packs, [_side_by_side(self.lm_head)])):
-                if packs is not None and packs.int8:
-                    packs.skinny_rows = int8_rows or packs.time_int8_rows(linears)
         rotary = inner.rotary_emb
         with torch.no_grad():
             pos = torch.arange(self.max_positions, device=self.device, dtype=torch.float32)

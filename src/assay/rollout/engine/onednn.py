@@ -24,9 +24,6 @@ products, slowly."""
 from __future__ import annotations
 
 import functools
-import math
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -126,26 +123,6 @@ class PackedWeights:
         if self.skinny_rows:
             self.panels(weights, biases)
 
-    def time_int8_rows(self, linears: Sequence[tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]],
-                       reps: int = 5) -> int:
-        """The most rows (up to the int8 kernel's) at which, and at every count below, the int8 kernel ran these
-        projections together no slower than oneDNN's float32 GEMM on their dequantized weights, timed here on
-        this CPU: the fastest of `reps` alternated calls of each. On a Zen 4 (AVX-512, no AMX) oneDNN won from 3
-        rows on at SmolLM2's layers (docs/experiments.md)."""
-        g = torch.Generator().manual_seed(0)
-        for rows in range(1, cpu_kernel.int8_rows() + 1):
-            int8_s = float32_s = 0.0
-            for weights, biases in linears:
-                pack = self.panels(weights, biases)
-                self.blocked(weights, biases)
-                x = torch.randn(rows, weights[0].shape[1], generator=g)
-                int8 = functools.partial(cpu_kernel.int8_linear, x, pack.panels, pack.scales, pack.bias, pack.rows)
-                a, b = _race(int8, functools.partial(_linear, x, pack.onednn, pack.bias), reps)
-                int8_s, float32_s = int8_s + a, float32_s + b
-            if int8_s > float32_s:
-                return rows - 1
-        return cpu_kernel.int8_rows()
-
     def blocked(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
         """The current pack of these weights side by side, with oneDNN's blocked layout made."""
         pack = self._current(weights, biases)
@@ -176,18 +153,6 @@ class PackedWeights:
         if pack is None or pack.stamp != stamp:
             pack = self._packs[key] = _Pack(stamp, _joined_bias(weights, biases), sum(w.shape[0] for w in weights))
         return pack
-
-
-def _race(a: Callable[[], object], b: Callable[[], object], reps: int) -> tuple[float, float]:
-    """The fastest of `reps` calls of each, alternated (after one warm-up call each), in seconds."""
-    a(), b()
-    best = [math.inf, math.inf]
-    for _ in range(reps):
-        for i, fn in enumerate((a, b)):
-            t0 = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - t0)
-    return best[0], best[1]
 
 
 def _join(weights: tuple[Tensor, ...]) -> Tensor:
