@@ -78,7 +78,7 @@ def test_engine_int8_greedy_is_well_formed_and_close_to_float32(model, tok):
 def test_int8_decode_step_in_c_equals_the_fused_rows(model, tok):
     """Fed a token a step, the answer runs the whole-step C kernel; fed 8 a step, the fused path's int8 GEMMs:
     the same int8 weights, so the same logprobs up to float rounding."""
-    fast = Engine(model, tok, EngineConfig(**SMALL, weights="int8"))
+    fast = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_rows=cpu_kernel.int8_rows()))
     prompt = tok.encode("<|im_start|>user\nWhat is 5+10?<|im_end|>\n<|im_start|>assistant\n")
     answer = tok.encode("15<|im_end|>\n<|im_start|>user\nWhat is 6+12?<|im_end|>")
     one = teacher_forced_logprobs(fast, prompt, answer, chunk=1)
@@ -108,9 +108,56 @@ def test_speculation_on_int8_keeps_the_int8_greedy_output(model, tok):
     the same int8 weights, so the same greedy tokens."""
     prompts = [tok.encode(f"<|im_start|>user\nWhat is {i}+{2 * i}? What is {i}+{2 * i}?<|im_end|>\n") for i in (4, 21)]
     params = SamplingParams(temperature=0, max_tokens=32)
-    plain = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True))
+    every = cpu_kernel.int8_rows()  # every row count on the int8 kernel, whatever this CPU's timing says
+    plain = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True, int8_rows=every))
     spec = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True, speculative_tokens=3,
-                                           speculative_max_batch=2))
+                                           speculative_max_batch=2, int8_rows=every))
     want = [r.token_ids for [r] in plain.generate([GenRequest(p, params) for p in prompts])]
     assert [r.token_ids for [r] in spec.generate([GenRequest(p, params) for p in prompts])] == want
     assert spec.last_stats["draft_proposed"] > 0
+
+
+@pytest.mark.parametrize(("slower_from", "want"), [(4, 3), (1, 0), (None, 8)])
+def test_the_int8_row_limit_is_the_last_count_before_the_float32_kernel_wins(monkeypatch, slower_from, want):
+    """`time_int8_rows` races the int8 kernel against the float32 one row count by row count, stops at the first
+    loss, and never times past the float32 kernel's rows."""
+    from assay.rollout.engine import onednn
+
+    timed = []
+
+    def race(a, b, reps):  # the partials carry x: its rows are the count being timed
+        assert b.func is cpu_kernel.skinny_linear
+        rows = a.args[0].shape[0]
+        timed.append(rows)
+        return (2.0, 1.0) if slower_from is not None and rows >= slower_from else (1.0, 2.0)
+
+    monkeypatch.setattr(onednn, "_race", race)
+    packs = onednn.PackedWeights("int8")
+    packs.int8_rows = packs.skinny_rows = 8
+    w = torch.randn(24, 16)
+    assert packs.time_int8_rows([((w,), (None,)), ((w[:8],), (None,))]) == want == packs.int8_rows
+    assert max(timed) == (slower_from or 8)  # no count past the first loss is timed
+
+
+def test_the_engine_times_its_int8_rows_or_takes_them_from_its_config(model, tok):
+    most = cpu_kernel.int8_rows()
+    timed = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True))
+    assert timed.model.head_packs is not timed.model.packs  # the head's limit is its own
+    for packs in (timed.model.packs, timed.model.head_packs):
+        assert 0 <= packs.int8_rows <= most and packs.c_rows >= packs.int8_rows
+    fixed = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True, int8_rows=3))
+    assert fixed.model.packs.int8_rows == fixed.model.head_packs.int8_rows == 3
+    with pytest.raises(AssayError, match="int8_rows"):
+        Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_rows=most + 1))
+
+
+def test_int8_weights_give_the_same_output_at_any_row_limit(model, tok):
+    """At limit 1 a step of the three prompts runs the float32 kernel on the dequantized weights (or oneDNN, past
+    its rows), at 8 the int8 kernel: the same weights, so the same tokens and log-probs up to float rounding."""
+    prompts = [tok.encode(f"<|im_start|>user\nWhat is {i}+{3 * i}?<|im_end|>\n") for i in (2, 5, 8)]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    outs = [[r for [r] in Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True, int8_rows=rows))
+             .generate([GenRequest(p, params) for p in prompts])] for rows in (cpu_kernel.int8_rows(), 1)]
+    assert [r.token_ids for r in outs[0]] == [r.token_ids for r in outs[1]]
+    for a, b in zip(outs[0], outs[1], strict=True):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4

@@ -34,6 +34,7 @@ from assay.rollout.base import (
     stop_string_end,
     with_prefix_hit_rate,
 )
+from assay.rollout.engine import cpu_kernel
 from assay.rollout.engine.block_manager import BlockManager
 from assay.rollout.engine.model import PagedModel
 from assay.rollout.engine.model_runner import ModelRunner
@@ -58,6 +59,9 @@ class EngineConfig:
     # int8: weight-only int8 per output feature for the layers' linears; bf16: bf16 GEMMs for them (onednn.py)
     weights: str = "float32"
     int8_head: bool = False  # with weights int8, the LM head too (float32 otherwise)
+    # with weights int8, the most rows the int8 kernel computes (more: the float32 kernel on the dequantized weights,
+    # then oneDNN); 0: the most at which it beat the float32 kernel as the engine started, layers and head each
+    int8_rows: int = 0
     warm_up: bool = True  # one throwaway step of max_batched_tokens as the engine starts (see _warm_up)
 
 
@@ -78,11 +82,15 @@ class Engine(RolloutBackend):
         self.config = cfg = config or EngineConfig()
         if cfg.block_size < 1 or cfg.max_batched_tokens < 1 or cfg.max_seqs < 1:
             raise AssayError(f"engine: block_size, max_batched_tokens and max_seqs must be >= 1, got {cfg}")
+        if cfg.weights == "int8" and not 0 <= cfg.int8_rows <= cpu_kernel.int8_rows():
+            raise AssayError(f"engine: int8_rows {cfg.int8_rows} is not 0 (timed as the engine starts) or 1 to the "
+                             f"int8 kernel's {cpu_kernel.int8_rows()} rows")
         num_blocks = cfg.kv_cache_bytes // PagedModel.bytes_per_block(model, cfg.block_size)
         if num_blocks < 1:
             raise AssayError(f"engine: a KV cache of {cfg.kv_cache_bytes} bytes holds no block of "
                              f"{PagedModel.bytes_per_block(model, cfg.block_size)} bytes; raise rollout.kv_cache_mb")
-        self.model = PagedModel(model, num_blocks, cfg.block_size, cfg.gemm, cfg.weights, cfg.int8_head)
+        self.model = PagedModel(model, num_blocks, cfg.block_size, cfg.gemm, cfg.weights, cfg.int8_head,
+                                cfg.int8_rows)
         self.runner = ModelRunner(self.model)
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.sched = Scheduler(self.blocks, cfg.max_batched_tokens, cfg.max_seqs)

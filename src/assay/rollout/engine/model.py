@@ -39,7 +39,7 @@ class Batch:
 
 class PagedModel:
     def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int, gemm: str = "auto",
-                 weights: str = "float32", int8_head: bool = False) -> None:
+                 weights: str = "float32", int8_head: bool = False, int8_rows: int = 0) -> None:
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise AssayError(f"the engine runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}; "
@@ -70,16 +70,24 @@ class PagedModel:
         # every tensor the decode step's pointers stand for, directly or through a packed copy
         self._step_sources = [t for layer in self.step_weights for part in layer
                               for t in ((part,) if isinstance(part, Tensor) else (*part[0], *part[1])) if t is not None]
-        self._pointers_stamp: tuple | None = None
-        self._pointers: ctypes.Array | None = None
+        self._pointers: dict[bool, tuple[tuple, ctypes.Array]] = {}  # int8 or not: (the weights' stamp, pointers)
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.packs = _packed_weights(gemm, param, _check_weights(weights, param, gemm))
         # the LM head's own packs: float32 unless int8_head (its quantization costs the most quality; in bf16 the
-        # logits themselves would be rounded to bf16's 8 bits)
-        keep = self.packs is None or self.packs.weights == "float32" or (self.packs.int8 and int8_head)
-        self.head_packs = self.packs if keep else onednn.PackedWeights()
+        # logits themselves would be rounded to bf16's 8 bits); int8 ones time their own int8 row limit
+        if self.packs is None or self.packs.weights == "float32":
+            self.head_packs = self.packs
+        else:
+            self.head_packs = onednn.PackedWeights("int8" if self.packs.int8 and int8_head else "float32")
         if self.packs is not None:
+            # how many rows take the int8 kernel, and past them the float32 one on the dequantized weights: timed
+            # on one layer (they are alike) and on the head, unless given
+            _, qkv, o, _, gate_up, down = self.step_weights[0]
+            for packs, linears in ((self.packs, [qkv, o, gate_up, down]),
+                                   (self.head_packs, [_side_by_side(self.lm_head)])):
+                if packs.int8:
+                    packs.int8_rows = min(int8_rows, packs.int8_rows) if int8_rows else packs.time_int8_rows(linears)
             for _, qkv, o, _, gate_up, down in self.step_weights:
                 for linear in (qkv, o, gate_up, down):
                     self.packs.prepack(*linear)
@@ -186,7 +194,7 @@ class PagedModel:
     def _few_decodes(self, batch: Batch) -> bool:
         """Only decoding rows, few enough for the C kernels' panels, of a model whose every op the C step has."""
         T, g = batch.tokens.shape[0], batch.groups
-        return (self.packs is not None and not self.qk_norm and 0 < T <= self.packs.skinny_rows and len(g) == 1
+        return (self.packs is not None and not self.qk_norm and 0 < T <= self.packs.c_rows and len(g) == 1
                 and g[0].start == 0 and g[0].rows is not None and tuple(g[0].rows.shape) == (T, 1))
 
     def _decode_step_in_c(self, batch: Batch) -> Tensor:
@@ -196,25 +204,28 @@ class PagedModel:
         h = F.embedding(batch.tokens, self.embed)
         x = torch.empty_like(h)
         s = g.shared
-        cpu_kernel.decode_step(self._step_pointers(), h, x, self.norm, self.cos, self.sin, batch.positions, batch.slots,
+        int8 = h.shape[0] <= self.packs.int8_rows
+        cpu_kernel.decode_step(self._step_pointers(int8), h, x, self.norm, self.cos, self.sin, batch.positions, batch.slots,
                                self.k_cache, self.v_cache, g.block_tables, g.lengths,
                                None if s is None else (s.tables, s.lengths, s.targets), self.num_heads,
-                               self.intermediate, self.eps, int8=self.packs.int8)
+                               self.intermediate, self.eps, int8=int8)
         return self._head(x[batch.logits_at])
 
-    def _step_pointers(self) -> ctypes.Array:
-        """The addresses of each layer's norms and current packed weights (`cpu_kernel.weight_pointers`),
-        remade only when a weight has moved since the last step (an in-place write bumps its version):
-        asking every pack whether it is current cost ~0.3 ms a step, a few percent of a decode step."""
+    def _step_pointers(self, int8: bool) -> ctypes.Array:
+        """The addresses of each layer's norms and current packed weights (`cpu_kernel.weight_pointers`): int8
+        panels and their scales, or float32 panels (of the dequantized weights, on int8 packs). Remade only when a
+        weight has moved since the last step (an in-place write bumps its version): asking every pack whether it
+        is current cost ~0.3 ms a step, a few percent of a decode step."""
         stamp = tuple((t._version, t.data_ptr()) for t in self._step_sources)
-        if stamp != self._pointers_stamp:
+        if self._pointers.get(int8, ((),))[0] != stamp:
             tensors: list[Tensor | None] = []
             for norm, qkv, o, post_norm, gate_up, down in self.step_weights:
-                p = [self.packs.panels(*w) for w in (qkv, o, gate_up, down)]
-                tensors += [norm, p[0].panels, p[0].bias, p[1].panels, p[1].bias, post_norm, p[2].panels, p[2].bias,
-                            p[3].panels, p[3].bias, *(part.scales for part in p)]
-            self._pointers, self._pointers_stamp = cpu_kernel.weight_pointers(tensors), stamp
-        return self._pointers
+                p = [self.packs.panels(*w, int8=int8) for w in (qkv, o, gate_up, down)]
+                w = [part.float_panels if self.packs.int8 and not int8 else part.panels for part in p]
+                tensors += [norm, w[0], p[0].bias, w[1], p[1].bias, post_norm, w[2], p[2].bias, w[3], p[3].bias,
+                            *(part.scales if int8 else None for part in p)]
+            self._pointers[int8] = (stamp, cpu_kernel.weight_pointers(tensors))
+        return self._pointers[int8][1]
 
     def _head(self, x: Tensor) -> Tensor:
         w, b = self.lm_head.weight, self.lm_head.bias

@@ -24,6 +24,9 @@ products, slowly."""
 from __future__ import annotations
 
 import functools
+import math
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +81,7 @@ class _Pack:
     rows: int  # output features
     onednn: Tensor | None = None  # oneDNN's blocked layout, for many rows
     panels: Tensor | None = None  # the C kernel's layout, for a decode step's few rows (int8 when quantized)
+    float_panels: Tensor | None = None  # int8: the dequantized weights in the float32 kernel's layout
     scales: Tensor | None = None  # int8: each output feature's scale
 
 
@@ -95,20 +99,29 @@ class PackedWeights:
         self.weights = weights  # float32, int8 or bf16
         self.int8, self.bf16 = weights == "int8", weights == "bf16"
         self._onednn_bf16 = self.bf16 and bf16_available()  # else torch's bf16 F.linear (see the module doc)
-        # the most rows the C kernel takes: int8 widens each weight once for up to 8 rows, where float32
-        # panels ran out of registers past 2 on AVX2 (a speculative step verifies 1 + draft rows); bf16 none
-        self.skinny_rows = (cpu_kernel.int8_rows() if self.int8 else 0 if self.bf16 else cpu_kernel.skinny_rows())
+        # the most rows the float32 C kernel takes (its panels ran out of registers past 2 on AVX2; a speculative
+        # step verifies 1 + draft rows); bf16 none
+        self.skinny_rows = 0 if self.bf16 else cpu_kernel.skinny_rows()
+        # int8: the most rows the int8 kernel takes (it widens each weight once for up to 8 rows), lowered where
+        # the float32 kernel on the dequantized weights is faster (`time_int8_rows`)
+        self.int8_rows = cpu_kernel.int8_rows() if self.int8 else 0
+
+    @property
+    def c_rows(self) -> int:
+        """The most rows a C kernel takes, and so a decode step of the whole-step C kernel."""
+        return max(self.int8_rows, self.skinny_rows)
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return self.linear_cat(x, (weight,), (bias,))
 
     def linear_cat(self, x: Tensor, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> Tensor:
         """x @ cat(weights).T + cat(biases): [T, sum of the weights' rows]; a missing bias counts as zeros."""
-        if 0 < x.shape[0] <= self.skinny_rows and x.stride(-1) == 1:
-            pack = self.panels(weights, biases)
-            if self.int8:
+        if 0 < x.shape[0] <= self.c_rows and x.stride(-1) == 1:
+            if x.shape[0] <= self.int8_rows:
+                pack = self.panels(weights, biases)
                 return cpu_kernel.int8_linear(x, pack.panels, pack.scales, pack.bias, pack.rows)
-            return cpu_kernel.skinny_linear(x, pack.panels, pack.bias, pack.rows)
+            pack = self.panels(weights, biases, int8=False)
+            return cpu_kernel.skinny_linear(x, pack.float_panels if self.int8 else pack.panels, pack.bias, pack.rows)
         pack = self.blocked(weights, biases)
         if self.bf16:  # bf16 out: widened back, the bias added in float32
             xb = x.to(torch.bfloat16).contiguous()
@@ -120,8 +133,34 @@ class PackedWeights:
         """Make every layout these weights will need now, as the engine starts, and not in its first
         steps: at the bench model's 57M parameters, packing cost the first long prefill ~0.2-0.4 s."""
         self.blocked(weights, biases)
-        if self.skinny_rows:
+        if self.c_rows:
             self.panels(weights, biases)
+        if self.int8 and self.int8_rows < self.skinny_rows:
+            self.panels(weights, biases, int8=False)
+
+    def time_int8_rows(self, linears: Sequence[tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]],
+                       reps: int = 5) -> int:
+        """Lower `int8_rows` to the most rows at which, and at every count below, the int8 kernel ran these
+        projections together no slower than the float32 kernel on their dequantized weights (what those rows
+        run otherwise), timed here on this CPU: the fastest of `reps` alternated calls of each. Only up to the
+        float32 kernel's rows: past them the alternative leaves the whole-step C kernel. On a Zen 4 (AVX-512, no
+        AMX) the float32 kernel won from 3 rows on at SmolLM2's layers (docs/experiments.md D5)."""
+        g = torch.Generator().manual_seed(0)
+        for rows in range(1, min(self.skinny_rows, self.int8_rows) + 1):
+            int8_s = float32_s = 0.0
+            for weights, biases in linears:
+                pack = self.panels(weights, biases)
+                self.panels(weights, biases, int8=False)
+                x = torch.randn(rows, weights[0].shape[1], generator=g)
+                a, b = _race(functools.partial(cpu_kernel.int8_linear, x, pack.panels, pack.scales, pack.bias,
+                                               pack.rows),
+                             functools.partial(cpu_kernel.skinny_linear, x, pack.float_panels, pack.bias, pack.rows),
+                             reps)
+                int8_s, float32_s = int8_s + a, float32_s + b
+            if int8_s > float32_s:
+                self.int8_rows = rows - 1
+                break
+        return self.int8_rows
 
     def blocked(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
         """The current pack of these weights side by side, with oneDNN's blocked layout made."""
@@ -134,8 +173,10 @@ class PackedWeights:
                 pack.onednn = _pack(cpu_kernel.dequantize_int8(*cpu_kernel.quantize_int8(w)) if self.int8 else w)
         return pack
 
-    def panels(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
-        """The current pack of these weights side by side, with its panels for the C kernels made."""
+    def panels(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...], int8: bool = True) -> _Pack:
+        """The current pack of these weights side by side, with its panels for the C kernels made: int8 ones
+        (`panels`, `scales`) for int8 weights, float32 ones (`panels`) for float32 weights; with `int8` False,
+        int8 weights also get the float32 kernel's panels of their dequantized values (`float_panels`)."""
         pack = self._current(weights, biases)
         if pack.panels is None:
             if self.int8:
@@ -143,6 +184,8 @@ class PackedWeights:
                 pack.panels = cpu_kernel.pack_int8_panels(q)
             else:
                 pack.panels = cpu_kernel.pack_panels(_join(weights))
+        if self.int8 and not int8 and pack.float_panels is None:
+            pack.float_panels = cpu_kernel.pack_panels(cpu_kernel.dequantize_int8(*cpu_kernel.quantize_int8(_join(weights))))
         return pack
 
     def _current(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
@@ -153,6 +196,18 @@ class PackedWeights:
         if pack is None or pack.stamp != stamp:
             pack = self._packs[key] = _Pack(stamp, _joined_bias(weights, biases), sum(w.shape[0] for w in weights))
         return pack
+
+
+def _race(a: Callable[[], object], b: Callable[[], object], reps: int) -> tuple[float, float]:
+    """The fastest of `reps` calls of each, alternated (after one warm-up call each), in seconds."""
+    a(), b()
+    best = [math.inf, math.inf]
+    for _ in range(reps):
+        for i, fn in enumerate((a, b)):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best[0], best[1]
 
 
 def _join(weights: tuple[Tensor, ...]) -> Tensor:
