@@ -4,9 +4,10 @@ faster: bfloat16 on the CPU, at a training micro-batch's size.
 There torch's SDPA backward ran at a fraction of the math's speed: a GRPO group of 8 completions of 128 tokens
 after a 72-token prompt (SmolLM2-135M's 9 heads, bf16 autocast, one thread) took 42 ms a layer in SDPA's
 forward and backward and 29 ms as matmuls, and a LoRA training step 30.9 s against 25.0 s (medians, with
-each group's prompt run once; docs/experiments.md K2). The math keeps the whole score matrix for the backward, so past `MATH_MAX_SCORES`
-(where SDPA caught up anyway) the call goes to SDPA, which does not. Float32 always goes to SDPA: there the
-math was slower. Registered with transformers' attention interface, so the model's own layers call it."""
+each group's prompt run once; docs/experiments.md K2). The math keeps the whole score matrix for the
+backward, so past `MATH_MAX_SCORES` (where SDPA caught up anyway) the call goes to SDPA, which does not.
+Float32 always goes to SDPA: there the math was slower. Registered with transformers' attention interface,
+so the model's own layers call it."""
 
 from __future__ import annotations
 

@@ -122,7 +122,8 @@ def load_model(
     try:
         tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            d, local_files_only=True, dtype=DTYPES[cfg.dtype], attn_implementation=implementation(cfg.attn_implementation)
+            d, local_files_only=True, dtype=DTYPES[cfg.dtype],
+            attn_implementation=implementation(cfg.attn_implementation),
         ).to(device)
     except Exception as e:  # transformers raises OSError, ValueError, safetensors errors...: all mean corrupt
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

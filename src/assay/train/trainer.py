@@ -111,14 +111,14 @@ def micro_batches(samples: Sequence[Sample], size: int, share_prefix: bool) -> l
     if not share_prefix:
         return [list(samples[lo : lo + size]) for lo in range(0, len(samples), size)]
     runs: list[list[Sample]] = []
-    shared = 0  # what the last run's members have in common
+    shared = 0  # what the last run's members have in common, once it has two
     for s in samples:
         common = _shared_tokens(runs[-1][0], s) if runs else 0
         if common >= MIN_SHARED_PREFIX and (len(runs[-1]) == 1 or common >= shared):
             runs[-1].append(s)
+            shared = common
         else:
             runs.append([s])
-        shared = common
     loose = [r[0] for r in runs if len(r) == 1]
     return [run[lo : lo + size] for run in [*(r for r in runs if len(r) > 1), loose] for lo in range(0, len(run), size)]
 

@@ -205,8 +205,8 @@ class PagedModel:
         x = torch.empty_like(h)
         s = g.shared
         int8 = h.shape[0] <= self.packs.int8_rows
-        cpu_kernel.decode_step(self._step_pointers(int8), h, x, self.norm, self.cos, self.sin, batch.positions, batch.slots,
-                               self.k_cache, self.v_cache, g.block_tables, g.lengths,
+        cpu_kernel.decode_step(self._step_pointers(int8), h, x, self.norm, self.cos, self.sin, batch.positions,
+                               batch.slots, self.k_cache, self.v_cache, g.block_tables, g.lengths,
                                None if s is None else (s.tables, s.lengths, s.targets), self.num_heads,
                                self.intermediate, self.eps, int8=int8)
         return self._head(x[batch.logits_at])
@@ -220,8 +220,8 @@ class PagedModel:
         if self._pointers.get(int8, ((),))[0] != stamp:
             tensors: list[Tensor | None] = []
             for norm, qkv, o, post_norm, gate_up, down in self.step_weights:
-                p = [self.packs.panels(*w, int8=int8) for w in (qkv, o, gate_up, down)]
-                w = [part.float_panels if self.packs.int8 and not int8 else part.panels for part in p]
+                p = [self.packs.panels(*w, int8) for w in (qkv, o, gate_up, down)]
+                w = [part.int8_panels if int8 else part.float_panels for part in p]
                 tensors += [norm, w[0], p[0].bias, w[1], p[1].bias, post_norm, w[2], p[2].bias, w[3], p[3].bias,
                             *(part.scales if int8 else None for part in p)]
             self._pointers[int8] = (stamp, cpu_kernel.weight_pointers(tensors))

@@ -80,8 +80,10 @@ class _Pack:
     bias: Tensor | None  # the biases joined (zeros where one is missing)
     rows: int  # output features
     onednn: Tensor | None = None  # oneDNN's blocked layout, for many rows
-    panels: Tensor | None = None  # the C kernel's layout, for a decode step's few rows (int8 when quantized)
-    float_panels: Tensor | None = None  # int8: the dequantized weights in the float32 kernel's layout
+    # the C kernels' layouts, for a decode step's few rows: int8 (int8 weights) and float32 (of the weights, or of
+    # the int8 weights' dequantized values)
+    int8_panels: Tensor | None = None
+    float_panels: Tensor | None = None
     scales: Tensor | None = None  # int8: each output feature's scale
 
 
@@ -117,11 +119,11 @@ class PackedWeights:
     def linear_cat(self, x: Tensor, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> Tensor:
         """x @ cat(weights).T + cat(biases): [T, sum of the weights' rows]; a missing bias counts as zeros."""
         if 0 < x.shape[0] <= self.c_rows and x.stride(-1) == 1:
-            if x.shape[0] <= self.int8_rows:
-                pack = self.panels(weights, biases)
-                return cpu_kernel.int8_linear(x, pack.panels, pack.scales, pack.bias, pack.rows)
-            pack = self.panels(weights, biases, int8=False)
-            return cpu_kernel.skinny_linear(x, pack.float_panels if self.int8 else pack.panels, pack.bias, pack.rows)
+            int8 = x.shape[0] <= self.int8_rows
+            pack = self.panels(weights, biases, int8)
+            if int8:
+                return cpu_kernel.int8_linear(x, pack.int8_panels, pack.scales, pack.bias, pack.rows)
+            return cpu_kernel.skinny_linear(x, pack.float_panels, pack.bias, pack.rows)
         pack = self.blocked(weights, biases)
         if self.bf16:  # bf16 out: widened back, the bias added in float32
             xb = x.to(torch.bfloat16).contiguous()
@@ -133,9 +135,9 @@ class PackedWeights:
         """Make every layout these weights will need now, as the engine starts, and not in its first
         steps: at the bench model's 57M parameters, packing cost the first long prefill ~0.2-0.4 s."""
         self.blocked(weights, biases)
-        if self.c_rows:
-            self.panels(weights, biases)
-        if self.int8 and self.int8_rows < self.skinny_rows:
+        if self.int8_rows:
+            self.panels(weights, biases, int8=True)
+        if self.int8_rows < self.skinny_rows:
             self.panels(weights, biases, int8=False)
 
     def time_int8_rows(self, linears: Sequence[tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]],
@@ -149,10 +151,10 @@ class PackedWeights:
         for rows in range(1, min(self.skinny_rows, self.int8_rows) + 1):
             int8_s = float32_s = 0.0
             for weights, biases in linears:
-                pack = self.panels(weights, biases)
+                pack = self.panels(weights, biases, int8=True)
                 self.panels(weights, biases, int8=False)
                 x = torch.randn(rows, weights[0].shape[1], generator=g)
-                a, b = _race(functools.partial(cpu_kernel.int8_linear, x, pack.panels, pack.scales, pack.bias,
+                a, b = _race(functools.partial(cpu_kernel.int8_linear, x, pack.int8_panels, pack.scales, pack.bias,
                                                pack.rows),
                              functools.partial(cpu_kernel.skinny_linear, x, pack.float_panels, pack.bias, pack.rows),
                              reps)
@@ -170,23 +172,24 @@ class PackedWeights:
             if self.bf16:
                 pack.onednn = _pack(w.to(torch.bfloat16)) if self._onednn_bf16 else w.to(torch.bfloat16)
             else:
-                pack.onednn = _pack(cpu_kernel.dequantize_int8(*cpu_kernel.quantize_int8(w)) if self.int8 else w)
+                pack.onednn = _pack(self._float(weights))
         return pack
 
-    def panels(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...], int8: bool = True) -> _Pack:
-        """The current pack of these weights side by side, with its panels for the C kernels made: int8 ones
-        (`panels`, `scales`) for int8 weights, float32 ones (`panels`) for float32 weights; with `int8` False,
-        int8 weights also get the float32 kernel's panels of their dequantized values (`float_panels`)."""
+    def panels(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...], int8: bool) -> _Pack:
+        """The current pack of these weights side by side, with one of the C kernels' layouts made: the int8
+        kernel's (`int8_panels`, `scales`) or the float32 kernel's (`float_panels`)."""
         pack = self._current(weights, biases)
-        if pack.panels is None:
-            if self.int8:
-                q, pack.scales = cpu_kernel.quantize_int8(_join(weights))
-                pack.panels = cpu_kernel.pack_int8_panels(q)
-            else:
-                pack.panels = cpu_kernel.pack_panels(_join(weights))
-        if self.int8 and not int8 and pack.float_panels is None:
-            pack.float_panels = cpu_kernel.pack_panels(cpu_kernel.dequantize_int8(*cpu_kernel.quantize_int8(_join(weights))))
+        if int8 and pack.int8_panels is None:
+            q, pack.scales = cpu_kernel.quantize_int8(_join(weights))
+            pack.int8_panels = cpu_kernel.pack_int8_panels(q)
+        if not int8 and pack.float_panels is None:
+            pack.float_panels = cpu_kernel.pack_panels(self._float(weights))
         return pack
+
+    def _float(self, weights: tuple[Tensor, ...]) -> Tensor:
+        """The float32 weights side by side: int8 ones dequantized, so every path computes with the same values."""
+        w = _join(weights)
+        return cpu_kernel.dequantize_int8(*cpu_kernel.quantize_int8(w)) if self.int8 else w
 
     def _current(self, weights: tuple[Tensor, ...], biases: tuple[Tensor | None, ...]) -> _Pack:
         tensors = weights + tuple(b for b in biases if b is not None)
