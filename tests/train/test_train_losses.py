@@ -204,3 +204,33 @@ def test_a_shared_prefix_run_once_gives_the_logprobs_and_gradient_of_the_whole_b
         assert torch.allclose(a, b, atol=1e-5)
     with pytest.raises(ValueError, match="predicts a loss token"):
         selective_token_logprobs(model, ids, attn, mask, prefix_len=7)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_head_logprobs_function_matches_autograd_through_the_logits(bf16):
+    from assay.train.losses import _HeadLogprobs
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50)
+    hidden = torch.randn(7, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (7,))
+    weights = torch.randn(7)  # a different gradient on each row's log-prob
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    results = []
+    for fused in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            if fused:
+                logp, entropy = _HeadLogprobs.apply(hidden, head.weight, head.bias, targets, 1.3, dtype)
+            else:
+                logits = head(hidden).float() / 1.3
+                logp = logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+                entropy = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
+        (logp * weights).sum().backward()
+        results.append((logp.detach(), entropy.detach(), [t.grad.clone() for t in (hidden, head.weight, head.bias)]))
+        for t in (hidden, head.weight, head.bias):
+            t.grad = None
+    (ref, ref_ent, ref_grads), (out, ent, out_grads) = results
+    assert not ent.requires_grad
+    assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(ent, ref_ent, atol=1e-5)
+    for a, b in zip(ref_grads, out_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)

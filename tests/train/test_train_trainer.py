@@ -291,3 +291,27 @@ def test_groups_after_one_system_prompt_each_run_their_whole_prompt_once():
     chunks = micro_batches([Sample(t, 1.0) for t in batch], 16, share_prefix=True)
     assert [{s.traj.group_id for s in c} for c in chunks] == [{"g0"}, {"g1"}, {"g2"}]
     assert [int(_pad(c, torch.device("cpu"), True)["prefix_len"]) for c in chunks] == [31, 31, 31]
+
+
+def test_a_group_with_equal_rewards_is_not_run_and_the_gradient_is_the_same():
+    model = tiny_qwen()
+    batch = random_batch(3, n_groups=3, group_size=3)
+    for i, t in enumerate(batch):  # group 0's rewards are equal (advantages exactly 0); the others' vary
+        t.reward = 0.5 if i < 3 else float(i % 2)
+    with_behaviour_logprobs(model, batch, noise=0.2)
+    flat, rest = batch[:3], batch[3:]
+    plain = cfg(loss={"per_domain_normalize": False})  # else the flat group's zeros change the domain's scale
+    m_all = GRPOTrainer(model, plain).accumulate_gradients(batch)
+    g_all = grads(model)
+    m_rest = GRPOTrainer(model, plain).accumulate_gradients(rest)
+    g_rest = grads(model)
+    assert m_all["sequences_trained"] == len(rest)
+    # token aggregation: the skipped group's tokens still count in the normalizer
+    scale = sum(sum(t.loss_mask) for t in rest) / sum(sum(t.loss_mask) for t in batch)
+    for a, b in zip(g_all, g_rest, strict=True):
+        assert torch.allclose(a, b * scale, atol=1e-7, rtol=1e-5)
+    for k in ("entropy", "mismatch", "clip_frac"):  # over the samples trained on
+        assert m_all[k] == pytest.approx(m_rest[k], abs=1e-6)
+    # a KL term pulls on every sample: none is skipped
+    kl = GRPOTrainer(model, cfg(loss={"kl_coef": 0.1}), ref_model=tiny_qwen(seed=1)).accumulate_gradients(batch)
+    assert kl["sequences_trained"] == len(batch) and any(sum(t.loss_mask) for t in flat)

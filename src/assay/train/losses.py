@@ -8,12 +8,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-import torch.utils.checkpoint
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache
+
+from assay.train.cast_once import head_weight
 
 Aggregation = Literal["token", "sequence"]
 
@@ -134,15 +136,44 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
     return logprobs_from_logits(logits / temperature if temperature != 1.0 else logits, input_ids)
 
 
-def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
-    logits = head(hidden).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    with torch.no_grad():
-        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return logp, entropy
+class _HeadLogprobs(torch.autograd.Function):
+    """log p(target) and the entropy (no gradient) of softmax((hidden @ weightᵀ + bias) / temperature), the
+    matmuls in `dtype` (autocast's, as F.linear would run them) and the softmax in float32. The
+    vocabulary-wide logits live only inside forward and inside backward, which recomputes them: memory
+    holds one chunk of them, and each pass over them is one that the gradient needs."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
+                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        logits = _head_logits(hidden, weight, bias, temperature, dtype)
+        lse = torch.logsumexp(logits, dim=-1)
+        logp_all = logits.sub_(lse.unsqueeze(-1))
+        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature, ctx.dtype = temperature, dtype
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_logp: Tensor, _: Tensor) -> tuple[Tensor | None, ...]:
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        # d logp / d logits = onehot(target) - p, divided by the temperature
+        grad = _head_logits(hidden, weight, bias, ctx.temperature, ctx.dtype).sub_(lse.unsqueeze(-1)).exp_()
+        grad.mul_(-grad_logp.unsqueeze(-1)).scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        grad = grad.to(ctx.dtype)
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = (grad @ weight.to(ctx.dtype)).to(hidden.dtype) if need_hidden else None
+        grad_weight = (grad.T @ hidden.to(ctx.dtype)).to(weight.dtype) if need_weight else None
+        grad_bias = grad.sum(0).to(bias.dtype) if bias is not None and need_bias else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def _head_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, dtype: torch.dtype) -> Tensor:
+    logits = F.linear(hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)).float()
+    return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 def shareable_prefix(ids: Sequence[Sequence[int]], masks: Sequence[Sequence[int]]) -> int:
@@ -184,7 +215,7 @@ def selective_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask
                              ) -> tuple[Tensor, Tensor]:
     """`token_logprobs` computed only where `loss_mask` is 1: the output head runs on those positions'
     hidden states alone, `chunk_rows` at a time, and each chunk's logits are recomputed in the backward
-    pass instead of kept, so memory holds one chunk of vocabulary-wide logits rather than
+    pass instead of kept (`_HeadLogprobs`), so memory holds one chunk of vocabulary-wide logits rather than
     batch × length of them (what a 150k vocabulary needs). Zeros elsewhere, as `token_logprobs`.
     `prefix_len` (from `shareable_prefix`): that many leading tokens, the same in every row, run once."""
     hidden = _decoder_hidden(model, input_ids, attention_mask, prefix_len)
@@ -193,10 +224,16 @@ def selective_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask
         raise ValueError(f"prefix_len {prefix_len} covers a position that predicts a loss token; use shareable_prefix")
     picked, targets = hidden[rows, cols - prefix_len], input_ids[rows, cols + 1]
     head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise ValueError(f"train.selective_logprobs needs a linear output head, and this model's is a "
+                         f"{type(head).__name__}; set train.selective_logprobs: false")
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else head.weight.dtype
+    weight = head_weight(head, dtype)
     logps, entropies = [], []
     for lo in range(0, len(rows), chunk_rows):
-        logp, entropy = torch.utils.checkpoint.checkpoint(_chunk_logprobs, head, picked[lo:lo + chunk_rows],
-                                                          targets[lo:lo + chunk_rows], temperature, use_reentrant=False)
+        logp, entropy = _HeadLogprobs.apply(picked[lo:lo + chunk_rows], weight, head.bias, targets[lo:lo + chunk_rows],
+                                            temperature, dtype)
         logps.append(logp)
         entropies.append(entropy)
     shape = input_ids.shape

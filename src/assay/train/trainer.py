@@ -23,6 +23,7 @@ from assay.core.modeling import bf16_enabled
 from assay.core.types import Trajectory
 from assay.train.advantages import group_advantages
 from assay.train.batching import adamw, check_sequence, lr_at, pad_tokens, right_pad, set_lr
+from assay.train.cast_once import cast_frozen_linears
 from assay.train.lora import is_lora, merged_weights
 from assay.train.losses import (
     aggregate,
@@ -182,6 +183,10 @@ class GRPOTrainer:
         self.share_prefix = (cfg.shared_prefix and cfg.selective_logprobs and not cfg.activation_checkpointing
                              and not self.sharded)
         self.bf16 = bf16_enabled(cfg.bf16, self.device)
+        if self.bf16 and not self.sharded:  # frozen weights (a LoRA base, a reference model) cast to bf16 once
+            for m in (model, ref_model):
+                if m is not None:
+                    cast_frozen_linears(m)
         self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
         self.steps = 0  # optimizer steps taken
 
@@ -264,9 +269,14 @@ class GRPOTrainer:
         n_tokens = float(sum(sum(s.traj.loss_mask) for s in samples))
         n_seqs = float(sum(1 for s in samples if any(s.traj.loss_mask)))
         normalizer = n_tokens if lc.aggregation == "token" else n_seqs
+        # A sample whose advantage is 0 (all of a group whose rewards are equal) adds exactly nothing to the
+        # gradient unless a KL term pulls on it: its pass is skipped. Its tokens still count in the
+        # normalizer above, so the gradient is the same; the metrics below cover the samples trained on.
+        trained = samples if lc.kl_coef > 0 else [s for s in samples if s.advantage != 0.0]
+        n_trained = float(sum(sum(s.traj.loss_mask) for s in trained))
         sums: dict[str, float] = defaultdict(float)
         per_domain: dict[str, DomainSums] = defaultdict(DomainSums)
-        chunks = micro_batches(samples[self.rank :: self.world], cfg.micro_batch, self.share_prefix)
+        chunks = micro_batches(trained[self.rank :: self.world], cfg.micro_batch, self.share_prefix)
         for c, chunk in enumerate(chunks):
             b = _pad(chunk, self.device, self.share_prefix)
             mask = b["mask"]
@@ -302,18 +312,18 @@ class GRPOTrainer:
             for s, row in zip(chunk, torch.stack([gap, ent, kls, isw, mask.sum(-1)], -1).tolist(), strict=True):
                 per_domain[s.traj.task.domain].add(*row)
         if self.sharded:  # rank 0 has the most samples; each rank runs as many forward/backward collectives
-            most = math.ceil(len(samples[:: self.world]) / cfg.micro_batch)
+            most = math.ceil(len(trained[:: self.world]) / cfg.micro_batch)
             for _ in range(most - len(chunks)):
                 self._idle_pass(samples[:1])
         if self.world > 1:
             self._all_reduce(sums, per_domain, sorted({s.traj.task.domain for s in samples}))
-        out = {"loss": sums["loss"]}
+        out = {"loss": sums["loss"], "sequences_trained": float(len(trained))}
         for k in ("clip_frac", "approx_kl", "ratio_mean", "entropy", "kl_ref"):
-            out[k] = sums[k] / max(n_tokens, 1.0)
+            out[k] = sums[k] / max(n_trained, 1.0)
         if lc.decoupled:
-            out |= {"is_weight_mean": sums["is_weight_mean"] / max(n_tokens, 1.0), "is_weight_max": sums["is_weight_max"],
-                    "is_truncated": sums["is_truncated"] / max(n_tokens, 1.0)}
-        out["mismatch"] = sum(a.mismatch for a in per_domain.values()) / max(n_tokens, 1.0)
+            out |= {"is_weight_mean": sums["is_weight_mean"] / max(n_trained, 1.0), "is_weight_max": sums["is_weight_max"],
+                    "is_truncated": sums["is_truncated"] / max(n_trained, 1.0)}
+        out["mismatch"] = sum(a.mismatch for a in per_domain.values()) / max(n_trained, 1.0)
         for domain, acc in sorted(per_domain.items()):
             if acc.tokens:
                 out[f"mismatch/{domain}"] = acc.mismatch / acc.tokens
