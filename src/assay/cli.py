@@ -633,21 +633,33 @@ def bench_serve(policy: Annotated[Path, typer.Argument(help="a policy, as `assay
                 requests: Annotated[int, typer.Option(help="requests each client sends, one after another")] = 2,
                 max_tokens: Annotated[int, typer.Option(help="most tokens per response (greedy)")] = 64,
                 threads: Annotated[int, typer.Option(help="torch threads (0: the count measured fastest here)")] = 0,
+                vllm_python: Annotated[str | None, typer.Option(
+                    help="the python of an environment with vLLM: its OpenAI server becomes one more column "
+                         "(default: this python, where vllm imports)")] = None,
                 out: Annotated[Path | None, typer.Option(help="also write the rows as JSON here")] = None) -> None:
     """Serving profiles side by side: TTFT, inter-token latency and tokens/s under concurrent streaming clients."""
-    from assay.bench.serve import rows_json, run_serve_bench, table, vllm_status
-    from assay.core.modeling import apply_threads, load_model
+    import tempfile
+
+    from assay.bench.serve import find_vllm_python, rows_json, run_serve_bench, table, vllm_starter
+    from assay.core.modeling import apply_threads, load_model, save_model
     from assay.serve.server import policy_dir
 
     model, tokenizer = load_model(policy_dir(policy))
-    apply_threads(threads, model)
+    n_threads = apply_threads(threads, model)
     try:
         levels = [int(c) for c in concurrency.split(",")]
     except ValueError:
         raise AssayError(f"--concurrency {concurrency!r}: give whole numbers separated by commas, e.g. 1,8,32") from None
-    rows = run_serve_bench(model.eval(), tokenizer, [p.strip() for p in profiles.split(",") if p.strip()], levels,
-                           rounds, requests, max_tokens)
-    print(table(rows, vllm_status()))
+    python = find_vllm_python(vllm_python)
+    with tempfile.TemporaryDirectory(prefix="assay-bench-serve-") as tmp:
+        others = {}
+        if python is not None:  # the very weights the profiles serve, as a directory vLLM loads
+            save_model(model, tokenizer, Path(tmp) / "model")
+            others["vllm"] = vllm_starter(python, Path(tmp) / "model", n_threads, Path(tmp) / "vllm.log")
+        rows = run_serve_bench(model.eval(), tokenizer, [p.strip() for p in profiles.split(",") if p.strip()], levels,
+                               rounds, requests, max_tokens, others)
+    print(table(rows, None if python else "vLLM: not installed here (the `vllm` extra, or --vllm-python PY): "
+                                          "no vLLM column"))
     if out is not None:
         out.write_text(rows_json(rows))
 

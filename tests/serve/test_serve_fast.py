@@ -7,7 +7,7 @@ import openai
 import pytest
 from serve_helpers import MODEL
 
-from assay.bench.serve import run_serve_bench, table, vllm_status
+from assay.bench.serve import free_loopback_port, run_serve_bench, start_process_server, table
 from assay.core.errors import AssayError
 from assay.rollout.engine.cpu_kernel import int8_rows
 from assay.serve.profile import FAST, get_profile, profile_names
@@ -52,5 +52,36 @@ def test_bench_serve_runs_both_profiles_at_two_concurrencies(policy, tok):
     for r in rows:
         assert r.tokens_per_s > 0 and r.ttft_p50_ms > 0 and math.isfinite(r.ttft_p99_ms)
         assert (r.ratio_to_standard is None) == (r.profile == "standard")
-    text = table(rows, vllm_status())
-    assert "fast" in text and "vLLM" in text
+    text = table(rows, "vLLM: not installed here")
+    assert "fast" in text and "vLLM" in text and "÷ vLLM" not in text
+
+
+def test_bench_serve_drives_a_server_in_a_process_of_its_own_as_one_more_column(policy, tok, tmp_path):
+    """The path vLLM's server takes (`--vllm-python`): here `assay serve` on the same weights stands in for it,
+    under the column name the ratios to vLLM are taken against."""
+    import sys
+
+    from assay.core.modeling import save_model
+
+    save_model(policy, tok, tmp_path / "bench")  # served under the name given: "bench", as the bench asks for
+    started = []
+
+    def start():
+        port = free_loopback_port()
+        cmd = [sys.executable, "-m", "assay.cli", "serve", "bench", "--port", str(port)]
+        started.append(start_process_server(cmd, f"http://127.0.0.1:{port}", tmp_path / "server.log", startup_s=120,
+                                            cwd=tmp_path))
+        return started[-1]
+
+    rows = run_serve_bench(policy, tok, ["standard"], [1, 2], rounds=2, per_client=1, max_tokens=4,
+                           others={"vllm": start})
+    assert [(r.profile, r.concurrency) for r in rows] == [("standard", 1), ("vllm", 1), ("standard", 2), ("vllm", 2)]
+    for r in rows:
+        assert r.tokens_per_s > 0
+        assert (r.ratio_to_vllm is None) == (r.profile == "vllm") and len(r.ratio_to_vllm or [0, 0]) == 2
+    assert started[0].process.poll() is not None  # stopped with the bench
+    assert "÷ vLLM" in table(rows, None)
+    # a server that dies before it serves: an error that quotes its log
+    with pytest.raises(AssayError, match="exited with 3.*no model here"):
+        start_process_server([sys.executable, "-c", "import sys; print('no model here'); sys.exit(3)"],
+                             f"http://127.0.0.1:{free_loopback_port()}", tmp_path / "dead.log")

@@ -6,21 +6,31 @@ over the level's wall time. Each client sends its requests one after another; th
 within every round (the order flips each round), so load on the machine hits them alike, and the fast /
 standard ratio of tokens/s is reported per round (median and spread). A streamed chunk may carry several
 tokens (speculative decoding accepts drafts): the chunk's gap is spread evenly over its tokens, counted from
-the chunk's logprobs. vLLM's OpenAI server is not started yet: the table says why it has no column."""
+the chunk's logprobs. With a Python that has vLLM (`--vllm-python`, or this one where it imports vllm), vLLM's own
+OpenAI server runs the same float32 weights in a process of its own, on the same threads, as one more column
+in the same alternation; the table then also gives each profile's tokens/s over vLLM's."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import json
+import os
+import signal
+import socket
 import statistics
+import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 import httpx
 import numpy as np
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from assay.core import heap
 from assay.core.errors import AssayError
 from assay.serve.profile import get_profile
 from assay.serve.server import RunningServer, ServeOptions, build_state, start_server
@@ -69,6 +79,7 @@ class Row:
     tokens_per_s: float  # median over rounds
     tokens_per_s_rounds: list[float]
     ratio_to_standard: list[float] | None  # tokens/s over standard's, per round; None for standard itself
+    ratio_to_vllm: list[float] | None = None  # tokens/s over vLLM's, per round, where vLLM ran
 
 
 async def _request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int
@@ -120,11 +131,84 @@ def measure(url: str, model: str, profile: str, concurrency: int, per_client: in
                  [g for _, gaps, _ in results for g in gaps])
 
 
-def vllm_status() -> str:
-    """Why the vLLM column is empty."""
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed here (the `vllm` extra): no vLLM column"
-    return "vLLM is installed, but this bench does not start vLLM's server yet: no vLLM column"
+class Server(Protocol):
+    url: str
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class ProcessServer:
+    """An OpenAI-compatible server in a process (group) of its own, listening on the loopback."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def start_process_server(cmd: list[str], url: str, log: Path, env: dict[str, str] | None = None,
+                         startup_s: float = 900.0, cwd: Path | None = None) -> ProcessServer:
+    """Start `cmd` (a server that will listen at `url`) and return once its /health answers 200; its output goes to
+    `log`. A server that exits or stays silent for `startup_s` is an error quoting the log's end."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                   start_new_session=True)
+    server = ProcessServer(url, process, log)
+    deadline = time.monotonic() + startup_s
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            server.close()
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+            why = f"exited with {process.returncode}" if process.returncode is not None else f"did not answer in {startup_s:.0f} s"
+            raise AssayError(f"bench serve: the server `{' '.join(cmd[:3])} …` {why}; its log ({log}) ends: "
+                             + " | ".join(tail))
+        time.sleep(0.5)
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_vllm_python(given: str | None) -> str | None:
+    """The Python that runs vLLM's server: `given`, else this one where it imports vllm, else None."""
+    if given is not None:
+        if not Path(given).is_file():
+            raise AssayError(f"--vllm-python {given}: no such interpreter; give the python of the environment where "
+                             "vLLM is installed (pip install -e '.[vllm]')")
+        return given
+    import sys
+
+    return sys.executable if importlib.util.find_spec("vllm") is not None else None
+
+
+def vllm_starter(python: str, model_dir: Path, threads: int, log: Path) -> Callable[[], ProcessServer]:
+    """vLLM's OpenAI server on `model_dir` in float32, its OpenMP threads bound to the first `threads` cores
+    (vLLM's own advice for the CPU), with the engine's malloc settings (core/heap.py)."""
+    def start() -> ProcessServer:
+        port = free_loopback_port()
+        env = {**os.environ, "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", heap.GLIBC_TUNABLES)}
+        if threads > 0:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name",
+               "bench", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
+        return start_process_server(cmd, f"http://127.0.0.1:{port}", log, env)
+    return start
 
 
 def start_profiles(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, profiles: list[str],
@@ -142,38 +226,47 @@ def start_profiles(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
 
 
 def run_serve_bench(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, profiles: list[str],
-                    concurrency: list[int], rounds: int, per_client: int, max_tokens: int) -> list[Row]:
+                    concurrency: list[int], rounds: int, per_client: int, max_tokens: int,
+                    others: dict[str, Callable[[], Server]] | None = None) -> list[Row]:
+    """The profiles, each on a server of its own in this process, and `others` (a column's name: what starts its
+    server, serving the model as "bench"), alternated within every round."""
+    others = others or {}
     if rounds < 1 or per_client < 1 or max_tokens < 1 or not concurrency or min(concurrency) < 1 or not profiles:
         raise AssayError("bench serve: rounds, requests per client, max tokens and every concurrency must be at "
                          "least 1, with at least one profile")
-    servers = start_profiles(model, tokenizer, profiles, max_queue=max(concurrency) + 8)
+    servers: dict[str, Server] = dict(start_profiles(model, tokenizer, profiles, max_queue=max(concurrency) + 8))
+    columns = profiles + list(others)
     levels: list[Level] = []
     try:
+        for name, start in others.items():
+            servers[name] = start()
         for r in range(rounds):
             for c in concurrency:
-                for name in (profiles if r % 2 == 0 else profiles[::-1]):
+                for name in (columns if r % 2 == 0 else columns[::-1]):
                     levels.append(measure(servers[name].url, "bench", name, c, per_client, max_tokens, r))
     finally:
         for s in servers.values():
             s.close()
-    return summarize(levels, profiles, concurrency)
+    return summarize(levels, columns, concurrency)
 
 
 def summarize(levels: list[Level], profiles: list[str], concurrency: list[int]) -> list[Row]:
     def pct(xs: list[float], q: float) -> float:
         return float(np.percentile(xs, q)) * 1000 if xs else float("nan")
 
+    def ratios(mine: list[Level], name: str, to: str) -> list[float] | None:
+        base = {lv.round: lv.tokens_per_s for lv in levels if lv.profile == to and lv.concurrency == mine[0].concurrency}
+        return [lv.tokens_per_s / base[lv.round] for lv in mine] if base and name != to else None
+
     rows = []
     for c in concurrency:
-        base = {lv.round: lv.tokens_per_s for lv in levels if lv.profile == "standard" and lv.concurrency == c}
         for name in profiles:
             mine = [lv for lv in levels if lv.profile == name and lv.concurrency == c]
             ttft = [t for lv in mine for t in lv.ttft_s]
             itl = [t for lv in mine for t in lv.itl_s]
             tps = [lv.tokens_per_s for lv in mine]
-            ratio = [lv.tokens_per_s / base[lv.round] for lv in mine] if base and name != "standard" else None
             rows.append(Row(name, c, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99), statistics.median(tps),
-                            tps, ratio))
+                            tps, ratios(mine, name, "standard"), ratios(mine, name, "vllm")))
     return rows
 
 
@@ -183,19 +276,22 @@ def table(rows: list[Row], note: str | None) -> str:
     from rich.console import Console
     from rich.table import Table
 
+    def spread(xs: list[float] | None) -> str:
+        return "" if xs is None else f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
+
     t = Table(title="assay serve, streaming chat clients (tokens/s over each level's wall time; spread over rounds)")
+    with_vllm = any(r.profile == "vllm" for r in rows)
     for col in ("clients", "profile", "TTFT p50/p99 ms", "ITL p50/p99 ms", "tok/s med [min-max]",
-                "÷ standard med [min-max]"):
+                "÷ standard med [min-max]", *(["÷ vLLM med [min-max]"] if with_vllm else [])):
         t.add_column(col, no_wrap=True, min_width=len(col))
     for r in rows:
-        ratio = "" if r.ratio_to_standard is None else \
-            f"{statistics.median(r.ratio_to_standard):.2f} [{min(r.ratio_to_standard):.2f}-{max(r.ratio_to_standard):.2f}]"
         t.add_row(str(r.concurrency), r.profile, f"{r.ttft_p50_ms:.0f} / {r.ttft_p99_ms:.0f}",
                   f"{r.itl_p50_ms:.1f} / {r.itl_p99_ms:.1f}",
-                  f"{r.tokens_per_s:.1f} [{min(r.tokens_per_s_rounds):.1f}-{max(r.tokens_per_s_rounds):.1f}]", ratio)
+                  f"{r.tokens_per_s:.1f} [{min(r.tokens_per_s_rounds):.1f}-{max(r.tokens_per_s_rounds):.1f}]",
+                  spread(r.ratio_to_standard), *([spread(r.ratio_to_vllm)] if with_vllm else []))
     buf = StringIO()
-    Console(file=buf, width=160).print(t)
-    return buf.getvalue() + (f"vLLM: {note}\n" if note else "")
+    Console(file=buf, width=180).print(t)
+    return buf.getvalue() + (f"{note}\n" if note else "")
 
 
 def rows_json(rows: list[Row]) -> str:
