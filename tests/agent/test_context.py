@@ -2,6 +2,7 @@
 trainer scoring every turn on exactly the context the engine was prompted with."""
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -99,12 +100,16 @@ def test_the_trainer_scores_each_turn_on_the_ids_the_engine_was_prompted_with(to
     # and nothing else is trained on: the mask-1 tokens are exactly the generated ones
     assert sum(sum(s.traj.loss_mask) for s in samples) == sum(len(r.token_ids) for r in policy.results)
     # the trainer's own logprobs of those sequences are the engine's: no mismatch beyond float rounding ...
-    exact = trainer.accumulate_gradients([traj])["mismatch"]
+    # (scored beside a second member of the group with another reward: alone, its advantage is 0 and it is not run)
+    def with_a_rival(t: Trajectory) -> list[Trajectory]:
+        return [t, replace(t, reward=t.reward - 1.0)]
+
+    exact = trainer.accumulate_gradients(with_a_rival(traj))["mismatch"]
     assert exact < 1e-5
     # ... where scoring the concatenation of the segments would not be
     flat = Trajectory(traj.task, traj.messages, traj.token_ids, traj.loss_mask, traj.logprobs, traj.prompt_len,
                       group_id="g")
-    assert trainer.accumulate_gradients([flat])["mismatch"] > max(1e-3, 100 * exact)
+    assert trainer.accumulate_gradients(with_a_rival(flat))["mismatch"] > max(1e-3, 100 * exact)
 
 
 def test_notes_survive_compaction(tok):

@@ -82,6 +82,6 @@ def test_bench_serve_drives_a_server_in_a_process_of_its_own_as_one_more_column(
     assert started[0].process.poll() is not None  # stopped with the bench
     assert "÷ vLLM" in table(rows, None)
     # a server that dies before it serves: an error that quotes its log
-    with pytest.raises(AssayError, match="exited with 3.*no model here"):
-        start_process_server([sys.executable, "-c", "import sys; print('no model here'); sys.exit(3)"],
+    with pytest.raises(AssayError, match="exited with 3.*NoModelError: none here"):
+        start_process_server([sys.executable, "-c", "import sys; print('NoModelError: none here'); print('bye'); sys.exit(3)"],
                              f"http://127.0.0.1:{free_loopback_port()}", tmp_path / "dead.log")

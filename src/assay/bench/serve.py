@@ -172,10 +172,11 @@ def start_process_server(cmd: list[str], url: str, log: Path, env: dict[str, str
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             server.close()
-            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+            lines = log.read_text(errors="replace").strip().splitlines()
+            last = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else "(empty)")
             why = f"exited with {process.returncode}" if process.returncode is not None else f"did not answer in {startup_s:.0f} s"
-            raise AssayError(f"bench serve: the server `{' '.join(cmd[:3])} …` {why}; its log ({log}) ends: "
-                             + " | ".join(tail))
+            raise AssayError(f"bench serve: the server `{' '.join(cmd[:3])} …` {why}; its log's last error: "
+                             f"{last.strip()}")
         time.sleep(0.5)
 
 
@@ -202,7 +203,9 @@ def vllm_starter(python: str, model_dir: Path, threads: int, log: Path) -> Calla
     (vLLM's own advice for the CPU), with the engine's malloc settings (core/heap.py)."""
     def start() -> ProcessServer:
         port = free_loopback_port()
-        env = {**os.environ, "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", heap.GLIBC_TUNABLES)}
+        env = {**os.environ, "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", heap.GLIBC_TUNABLES),
+               # GiB of KV cache: plenty for the bench's sequences (vLLM would otherwise take most of the memory)
+               "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
         if threads > 0:
             env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name",

@@ -262,9 +262,9 @@ class TrainConfig(_Strict):
         "run's cluster (`pipeline.ray`; CPU models only), each asking for `rank_cpus`"))
     rank_cpus: float = Field(1.0, gt=0, description="`rank_workers: ray`: CPUs each rank actor asks for")
     bf16: bool | Literal["auto"] = Field(False, description=(
-        "bf16 autocast in the trainer (log-probs stay float32): for a CPU with AMX or a GPU; without AMX it ran "
-        "10-20x slower than float32 (docs/architecture.md, Threads). `auto`: on where bf16 matmuls are fast (a CPU "
-        "with AMX, a GPU that supports bf16), else off. The rollout stays float32: pair it with `loss.decoupled`, "
+        "bf16 autocast in the trainer (log-probs stay float32): for a CPU with AMX or AVX512-BF16, or a GPU; without "
+        "either it ran 10-20x slower than float32 (docs/architecture.md, Threads). `auto`: on where bf16 matmuls are "
+        "fast (a CPU with AMX or AVX512-BF16, a GPU that supports bf16), else off. The rollout stays float32: pair it with `loss.decoupled`, "
         "whose importance weight corrects the trainer/rollout log-prob mismatch (logged as `mismatch`)"))
     checkpoint_every: int = Field(10, gt=0, description="Steps between checkpoints")
     keep_checkpoints: int = Field(2, gt=0, description="How many checkpoints to keep (the newest)")
@@ -301,7 +301,7 @@ class SFTConfig(_Strict):
         "to RL"))
     bf16: bool | Literal["auto"] = Field(False, description=(
         "bf16 autocast in SFT's forward and backward (the loss, weights and optimizer stay float32), as `train.bf16`: "
-        "`auto` turns it on where bf16 matmuls are fast (a CPU with AMX, a GPU that supports bf16)"))
+        "`auto` turns it on where bf16 matmuls are fast (a CPU with AMX or AVX512-BF16, a GPU that supports bf16)"))
     label_noise: float = Field(0.0, ge=0, lt=1, description=(
         "An experiment key: share of demonstrations whose response is another task's (same domain and level), the "
         "label noise of demonstrations gathered from people or weaker models, which a verifier's reward can "
@@ -340,8 +340,8 @@ class RolloutConfig(_Strict):
         "Engine: `int8` runs the layers' linears on weight-only int8 (per output feature, symmetric scales) made "
         "from the float32 weights: a decode step's few rows on the int8 C kernel (a quarter of the bytes read), "
         "more rows on oneDNN with the dequantized weights. `bf16` runs them as bf16 GEMMs on oneDNN (for a CPU with "
-        "AMX; 10-20x slower without), outputs in float32. The LM head stays float32 in both. `auto`: bf16 where "
-        "`train.bf16: auto` would be on (a CPU with AMX), else float32. A float32 model on the CPU; the engine "
+        "AMX or AVX512-BF16; 10-20x slower without either), outputs in float32. The LM head stays float32 in both. "
+        "`auto`: bf16 where `train.bf16: auto` would be on (a CPU with AMX or AVX512-BF16), else float32. A float32 model on the CPU; the engine "
         "samples every episode of the run with them, its evaluations included, so pair a lossy setting with "
         "`train.loss.decoupled`"))
     warm_up: bool = Field(True, description=(

@@ -258,11 +258,12 @@ def choose_threads(model: PreTrainedModel, batch: int = 8, seq_len: int = 128, r
 
 
 def fast_bf16(device: torch.device) -> bool:
-    """Whether bf16 matmuls beat float32 here: a CUDA device that supports bf16, or a CPU with AMX tiles
-    (oneDNN's bf16 kernels without AMX ran 10-20x slower than float32; docs/architecture.md, Threads)."""
+    """Whether bf16 matmuls beat float32 here: a CUDA device that supports bf16, or a CPU with bf16 dot-product
+    instructions, AMX tiles or AVX512-BF16 (oneDNN's bf16 kernels without either ran 10-20x slower than float32;
+    docs/architecture.md, Threads)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and torch.cpu._is_amx_tile_supported()
+    return device.type == "cpu" and (torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
 
 
 def bf16_enabled(setting: bool | Literal["auto"], device: torch.device) -> bool:
