@@ -20,6 +20,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -158,7 +159,7 @@ class ProcessServer:
 def start_process_server(cmd: list[str], url: str, log: Path, env: dict[str, str] | None = None,
                          startup_s: float = 900.0, cwd: Path | None = None) -> ProcessServer:
     """Start `cmd` (a server that will listen at `url`) and return once its /health answers 200; its output goes to
-    `log`. A server that exits or stays silent for `startup_s` is an error quoting the log's end."""
+    `log`. A server that exits or stays silent for `startup_s` is an error quoting the log's last error line."""
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                    start_new_session=True)
@@ -193,8 +194,6 @@ def find_vllm_python(given: str | None) -> str | None:
             raise AssayError(f"--vllm-python {given}: no such interpreter; give the python of the environment where "
                              "vLLM is installed (pip install -e '.[vllm]')")
         return given
-    import sys
-
     return sys.executable if importlib.util.find_spec("vllm") is not None else None
 
 
