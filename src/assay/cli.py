@@ -680,7 +680,6 @@ def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, 
                   device: Annotated[str, typer.Option(help="cpu or cuda[:N], the same for every backend")] = "cpu"
                   ) -> None:
     """The native engine beside HF generate and vLLM: GRPO groups and multi-turn sessions, a process per run."""
-    import importlib.util
     import json
     from dataclasses import asdict
 
@@ -695,15 +694,14 @@ def bench_rollout(dtype: Annotated[str, typer.Option(help="float32 or bfloat16, 
         summarize,
         table,
     )
+    from assay.bench.serve import find_vllm_python
     from assay.core.errors import ConfigError
 
     if dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
-    if vllm_python is not None and not Path(vllm_python).is_file():
-        raise ConfigError(f"--vllm-python {vllm_python}: no such interpreter; give the python of the environment "
-                          "where vLLM and Assay are installed")
+    with_vllm = find_vllm_python(vllm_python) is not None  # refuses a --vllm-python that is no interpreter
     if backends is None:
-        backends = "hf,engine" + (",vllm-32,vllm-128" if vllm_python or importlib.util.find_spec("vllm") else "")
+        backends = "hf,engine" + (",vllm-32,vllm-128" if with_vllm else "")
     chosen = [b.strip() for b in backends.split(",") if b.strip()]
     if unknown := [b for b in chosen if b not in BACKENDS]:
         raise ConfigError(f"--backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")

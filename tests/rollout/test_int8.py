@@ -135,8 +135,12 @@ def test_the_int8_row_limit_is_the_last_count_before_the_float32_kernel_wins(mon
     packs = onednn.PackedWeights("int8")
     packs.int8_rows = packs.skinny_rows = 8
     w = torch.randn(24, 16)
-    assert packs.time_int8_rows([((w,), (None,)), ((w[:8],), (None,))]) == want == packs.int8_rows
+    linears = [((w,), (None,)), ((w[:8],), (None,))]
+    assert packs.time_int8_rows(linears) == want == packs.int8_rows
     assert max(timed) == (slower_from or 8)  # no count past the first loss is timed
+    # the float32 panels stay only where the float32 kernel takes rows
+    kept = [packs.panels(*lin, int8=True).float_panels is not None for lin in linears]
+    assert kept == [want < packs.skinny_rows] * 2
 
 
 def test_the_engine_times_its_int8_rows_or_takes_them_from_its_config(model, tok):

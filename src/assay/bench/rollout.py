@@ -273,13 +273,20 @@ def run_rollout_bench(settings: Settings, workloads: Sequence[Workload] = WORKLO
     return rows
 
 
+def vllm_cpu_env(threads: int) -> dict[str, str]:
+    """This environment for a vLLM process on the CPU, with what the caller has not set itself: vLLM's own
+    advice, its OpenMP threads bound to the first `threads` cores (0: vLLM's choice), and the engine's malloc
+    settings (core/heap.py), without which vLLM ran multi-turn slower on glibc's defaults."""
+    env = dict(os.environ)
+    if threads > 0:
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
+    env.setdefault("GLIBC_TUNABLES", heap.GLIBC_TUNABLES)
+    return env
+
+
 def _in_process_of_its_own(backend: str, w: Workload, s: Settings, python: str) -> Row:
     job = json.dumps({"backend": backend, "workload": asdict(w), "settings": asdict(s)})
-    env = dict(os.environ)
-    if backend.startswith("vllm") and s.threads > 0:  # vLLM's own advice: its OpenMP threads bound to cores
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{s.threads - 1}")
-    if backend.startswith("vllm"):  # the engine's own malloc settings (core/heap.py): on glibc's default
-        env.setdefault("GLIBC_TUNABLES", heap.GLIBC_TUNABLES)  # vLLM ran multi-turn slower
+    env = vllm_cpu_env(s.threads) if backend.startswith("vllm") else dict(os.environ)
     proc = subprocess.run([python, "-m", "assay.bench.rollout", job], capture_output=True, text=True, env=env)
     # the row is the last stdout line that is one (vLLM may log to stdout after it)
     row = next((line for line in reversed(proc.stdout.splitlines()) if line.startswith(ROW_MARK)), None)

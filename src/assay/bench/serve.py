@@ -31,7 +31,7 @@ import httpx
 import numpy as np
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from assay.core import heap
+from assay.bench.rollout import vllm_cpu_env
 from assay.core.errors import AssayError
 from assay.serve.profile import get_profile
 from assay.serve.server import RunningServer, ServeOptions, build_state, start_server
@@ -192,21 +192,19 @@ def find_vllm_python(given: str | None) -> str | None:
     if given is not None:
         if not Path(given).is_file():
             raise AssayError(f"--vllm-python {given}: no such interpreter; give the python of the environment where "
-                             "vLLM is installed (pip install -e '.[vllm]')")
+                             "vLLM and Assay are installed (pip install -e '.[vllm]')")
         return given
     return sys.executable if importlib.util.find_spec("vllm") is not None else None
 
 
 def vllm_starter(python: str, model_dir: Path, threads: int, log: Path) -> Callable[[], ProcessServer]:
     """vLLM's OpenAI server on `model_dir` in float32, its OpenMP threads bound to the first `threads` cores
-    (vLLM's own advice for the CPU), with the engine's malloc settings (core/heap.py)."""
+    (vLLM's own advice for the CPU), with the engine's malloc settings (`bench.rollout.vllm_cpu_env`)."""
     def start() -> ProcessServer:
         port = free_loopback_port()
-        env = {**os.environ, "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", heap.GLIBC_TUNABLES),
-               # GiB of KV cache: plenty for the bench's sequences (vLLM would otherwise take most of the memory)
-               "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
-        if threads > 0:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+        env = vllm_cpu_env(threads)
+        # GiB of KV cache: plenty for the bench's sequences (vLLM would otherwise take most of the memory)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name",
                "bench", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
         return start_process_server(cmd, f"http://127.0.0.1:{port}", log, env)
