@@ -16,6 +16,9 @@ On the packaged SmolLM2-135M-Instruct (RL alone on codegen, where the model as i
 with LoRA in both (peft's LoraConfig on the same modules) and Assay's selective log-probs:
     .venv-trl/bin/python bench/trl_grpo.py smollm2 --lora-rank 16 --lr 3e-4 --max-tokens 128 --temperature 1.0 \
         --steps 6 --prompts 4 --every 3 --eval-tasks 64 --eval-n 4 --runs trl,assay
+
+Arms too large to train side by side run in invocations of their own (`--runs trl`, `--runs assay-levels`,
+the same seed), compared afterwards with `--compare trl/report.json assay/report.json`.
 """
 
 from __future__ import annotations
@@ -171,9 +174,35 @@ def held_out(policy_dir: Path, a: argparse.Namespace) -> dict[str, float]:
     return {"value": est.value, "low": est.low, "high": est.high}
 
 
+def reach(curve: dict, target: float) -> str | None:
+    """The first checkpoint (step, as the report's key) at or above `target`, or None."""
+    return next((s for s in sorted(curve, key=int) if curve[s]["pass_at_1"]["value"] >= target), None)
+
+
+def compare(reports: list[Path]) -> None:
+    """Runs of separate invocations (the same seed and settings) against the first report's first run:
+    its final held-out pass@1 is the target, and each run's time to the target is the wall-clock at its
+    first checkpoint at or above it, on both sides (so the reference may reach it before its final)."""
+    runs = [r for path in reports for r in json.loads(path.read_text())["runs"]]
+    ref = runs[0]["curve"]
+    target = ref[max(ref, key=int)]["pass_at_1"]["value"]
+    ref_at = ref[reach(ref, target)]["at_s"]
+    print(f"target: {runs[0]['run']}'s final held-out pass@1, {target:.3f}, first reached at {ref_at:.0f} s")
+    for r in runs:
+        c = r["curve"]
+        step = reach(c, target)
+        print(f"{r['run']:42s} " + " ".join(f"{s}:{c[s]['pass_at_1']['value']:.3f}@{c[s]['at_s']:.0f}s"
+                                             for s in sorted(c, key=int))
+              + (f"  reaches it at step {step}, {c[step]['at_s']:.0f} s, {c[step]['at_s'] / ref_at:.2f} of the "
+                 "reference's time" if step else "  never reaches it"))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("policy", type=Path, help="the SFT policy both start from (e.g. runs/quickstart/sft/policy)")
+    p.add_argument("policy", type=Path, nargs="?", help="the SFT policy both start from (e.g. runs/quickstart/sft/policy)")
+    p.add_argument("--compare", type=Path, nargs="+", metavar="REPORT",
+                   help="train nothing: compare the runs of these report.json files (separate invocations, one seed) "
+                        "against the first one's first run, as its target")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--prompts", type=int, default=16, help="prompts (GRPO groups) per step")
     p.add_argument("--group", type=int, default=8)
@@ -199,6 +228,10 @@ def main() -> None:
                    help="which to run: trl, assay (dynamic sampling off), assay-dynamic, assay-async, assay-levels "
                         "(one group a level each step, as TRL's task list); TRL's is the target")
     a = p.parse_args()
+    if a.compare:
+        return compare(a.compare)
+    if a.policy is None:
+        p.error("a policy is required unless --compare is given")
     a.assay_steps = a.assay_steps or a.steps
     runs = a.runs.split(",")
     torch.set_num_threads(a.threads)
@@ -228,12 +261,12 @@ def main() -> None:
           f"{report['runs'][0]['run']}'s final {target:.3f}")
     for r in report["runs"]:
         c = r["curve"]
-        reach = next((s for s in sorted(c) if c[s]["pass_at_1"]["value"] >= target), None)
-        r["reaches_trl_final_at_s"] = None if reach is None else c[reach]["at_s"]
+        step = reach(c, target)
+        r["reaches_trl_final_at_s"] = None if step is None else c[step]["at_s"]
         last = c[max(c)]["pass_at_1"]
         print(f"{r['run']:42s} {r['wall_s']:7.1f} s  final {last['value']:.3f} [{last['low']:.3f}, {last['high']:.3f}]"
               "  by step: " + " ".join(f"{s}:{c[s]['pass_at_1']['value']:.3f}@{c[s]['at_s']:.0f}s" for s in sorted(c))
-              + (f"  reaches the target at {c[reach]['at_s']:.0f} s" if reach else "  never reaches it"))
+              + (f"  reaches the target at {c[step]['at_s']:.0f} s" if step else "  never reaches it"))
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"report: {out / 'report.json'}")
 
