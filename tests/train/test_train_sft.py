@@ -6,7 +6,7 @@ from assay.core import heap
 from assay.core.config import TrainConfig
 from assay.core.errors import AssayError
 from assay.train.batching import lr_at
-from assay.train.sft import length_buckets, sft_loss, sft_step, sft_train
+from assay.train.sft import length_buckets, pad_batch, sft_loss, sft_nll, sft_step, sft_train
 from assay.train.trainer import GRPOTrainer
 
 torch.set_num_threads(1)
@@ -67,6 +67,34 @@ def test_a_bf16_step_computes_in_bf16_and_keeps_float32_weights():
     assert all(p.dtype == torch.float32 for p in models[1].parameters())
     step, drift = _max_diff(models[0], tiny_qwen()), _max_diff(models[0], models[1])
     assert 0 < drift < 0.1 * step  # the same update, up to bf16's rounding
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_head_runs_on_learned_tokens_alone_with_the_full_logits_gradient(bf16: bool, tied: bool):
+    """sft_nll's head on the mask==1 positions only against cross entropy over the full logits."""
+    g = torch.Generator().manual_seed(2)
+    batch = [(torch.randint(1, 64, (n,), generator=g).tolist(), [0] * (n - 4) + [1] * 4) for n in (9, 21, 14)]
+    ids, attn, mask = pad_batch(batch, torch.device("cpu"))
+    models = [tiny_qwen(), tiny_qwen()]
+    for m in models:
+        if tied:
+            m.config.tie_word_embeddings = True
+            m.tie_weights()
+    models[1].load_state_dict(models[0].state_dict())
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        ours = sft_nll(models[0], batch)
+        logits = models[1](input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                                reduction="none")
+        want = (nll * mask[:, 1:].reshape(-1)).sum()
+    ours.backward()
+    want.backward()
+    tol = {"rtol": 2e-2, "atol": 2e-3} if bf16 else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(ours, want, **tol)
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None, name
+        torch.testing.assert_close(a.grad, b.grad, **tol, msg=name)
 
 
 @torch.no_grad()

@@ -8,10 +8,12 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers import PreTrainedModel
 
 from assay.core.errors import AssayError
 from assay.core.heap import keep_freed_memory_on
 from assay.train.batching import adamw, check_sequence, lr_at, pad_tokens, set_lr
+from assay.train.losses import selective_token_logprobs
 
 Example = tuple[list[int], list[int]]  # token ids, loss mask (1 on the tokens to learn)
 
@@ -48,8 +50,13 @@ def learned_tokens(batch: Sequence[Example]) -> int:
 
 
 def sft_nll(model: nn.Module, batch: Sequence[Example]) -> Tensor:
-    """Cross entropy of token t given tokens < t (logits at t-1), summed over the mask==1 tokens."""
+    """Cross entropy of token t given tokens < t (logits at t-1), summed over the mask==1 tokens. A
+    Hugging Face model with a linear head runs the head on those positions alone (a demonstration's
+    prompt, most of its tokens, never needs the vocabulary-wide logits): the same loss and gradient."""
     ids, attn, mask = pad_batch(batch, next(model.parameters()).device)
+    if isinstance(model, PreTrainedModel) and isinstance(model.get_output_embeddings(), nn.Linear):
+        logp, _ = selective_token_logprobs(model, ids, attn, mask)
+        return -logp.sum()  # zero off the mask
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
     return (nll * mask[:, 1:].reshape(-1)).sum()
