@@ -329,6 +329,9 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
                                                  "429")] = 64,
           max_batch: Annotated[int | None, typer.Option(help="sequences the engine runs at once (default: the "
                                                         "profile's)")] = None,
+          threads: Annotated[int, typer.Option(help="torch threads (0: the count measured fastest here)")] = 0,
+          served_model_name: Annotated[str | None, typer.Option(
+              help="the name clients pass as `model` (default: the policy argument as given)")] = None,
           api_key_env: Annotated[str | None, typer.Option(help="the environment variable holding the API key "
                                                           "clients must send as a Bearer token; never printed")] = None,
           log: Annotated[str | None, typer.Option(help="log every completed request (trajectory schema, Parquet) to "
@@ -369,8 +372,11 @@ def serve(policy: Annotated[Path, typer.Argument(help="a policy: runs/NAME (its 
     from assay.serve.server import ServeOptions
     from assay.serve.server import serve as run_server
 
+    if threads < 0:
+        raise AssayError(f"--threads {threads}: give a positive count, or 0 for the count measured fastest here")
     run_server(policy, get_profile(profile), ServeOptions(
-        host, port, max_queue, max_batch, api_key_env, log=log, canary=canary, deployment_record=deployment,
+        host, port, max_queue, max_batch, api_key_env, model_id=served_model_name, threads=threads, log=log,
+        canary=canary, deployment_record=deployment,
         canary_config=CanaryConfig(share, alpha, margin, latency_slo_s=latency_slo, cost_budget_tokens=cost_budget)
         if canary is not None else None,
         golden=tuple(golden or ()), golden_margin=golden_margin, verify_suite=verify_suite))
@@ -640,24 +646,27 @@ def bench_serve(policy: Annotated[Path, typer.Argument(help="a policy, as `assay
     """Serving profiles side by side: TTFT, inter-token latency and tokens/s under concurrent streaming clients."""
     import tempfile
 
-    from assay.bench.serve import find_vllm_python, rows_json, run_serve_bench, table, vllm_starter
+    from assay.bench.serve import assay_starter, find_vllm_python, rows_json, run_serve_bench, table, vllm_starter
     from assay.core.modeling import apply_threads, load_model, save_model
     from assay.serve.server import policy_dir
 
-    model, tokenizer = load_model(policy_dir(policy))
-    n_threads = apply_threads(threads, model)
     try:
         levels = [int(c) for c in concurrency.split(",")]
     except ValueError:
         raise AssayError(f"--concurrency {concurrency!r}: give whole numbers separated by commas, e.g. 1,8,32") from None
     python = find_vllm_python(vllm_python)
+    model, tokenizer = load_model(policy_dir(policy))
+    n_threads = apply_threads(threads, model)
     with tempfile.TemporaryDirectory(prefix="assay-bench-serve-") as tmp:
-        others = {}
-        if python is not None:  # the very weights the profiles serve, as a directory vLLM loads
-            save_model(model, tokenizer, Path(tmp) / "model")
-            others["vllm"] = vllm_starter(python, Path(tmp) / "model", n_threads, Path(tmp) / "vllm.log")
-        rows = run_serve_bench(model.eval(), tokenizer, [p.strip() for p in profiles.split(",") if p.strip()], levels,
-                               rounds, requests, max_tokens, others)
+        weights = Path(tmp) / "model"  # the very weights every column serves, loaded once (a .gguf dequantized once)
+        save_model(model, tokenizer, weights)
+        del model
+        queue = max(levels) + 8
+        columns = {name: assay_starter(name, weights, n_threads, queue, Path(tmp) / f"{name}.log")
+                   for name in (p.strip() for p in profiles.split(",")) if name}
+        if python is not None:
+            columns["vllm"] = vllm_starter(python, weights, n_threads, Path(tmp) / "vllm.log")
+        rows = run_serve_bench(columns, levels, rounds, requests, max_tokens)
     print(table(rows, None if python else "vLLM: not installed here (the `vllm` extra, or --vllm-python PY): "
                                           "no vLLM column"))
     if out is not None:

@@ -2,12 +2,20 @@
 and `assay bench serve` runs standard against fast on the tiny policy (no speed is asserted)."""
 
 import math
+import sys
 
 import openai
 import pytest
 from serve_helpers import MODEL
 
-from assay.bench.serve import free_loopback_port, run_serve_bench, start_process_server, table
+from assay.bench.serve import (
+    assay_starter,
+    free_loopback_port,
+    in_process_starters,
+    run_serve_bench,
+    start_process_server,
+    table,
+)
 from assay.core.errors import AssayError
 from assay.rollout.engine.cpu_kernel import int8_rows
 from assay.serve.profile import FAST, get_profile, profile_names
@@ -47,7 +55,8 @@ def test_fast_profile_serves_chat_completions(fast_server):
 
 
 def test_bench_serve_runs_both_profiles_at_two_concurrencies(policy, tok):
-    rows = run_serve_bench(policy, tok, ["standard", "fast"], [1, 2], rounds=1, per_client=1, max_tokens=4)
+    rows = run_serve_bench(in_process_starters(policy, tok, ["standard", "fast"], max_queue=8), [1, 2], rounds=1,
+                           per_client=1, max_tokens=4)
     assert [(r.profile, r.concurrency) for r in rows] == [("standard", 1), ("fast", 1), ("standard", 2), ("fast", 2)]
     for r in rows:
         assert r.tokens_per_s > 0 and r.ttft_p50_ms > 0 and math.isfinite(r.ttft_p99_ms)
@@ -56,31 +65,31 @@ def test_bench_serve_runs_both_profiles_at_two_concurrencies(policy, tok):
     assert "fast" in text and "vLLM" in text and "÷ vLLM" not in text
 
 
-def test_bench_serve_drives_a_server_in_a_process_of_its_own_as_one_more_column(policy, tok, tmp_path):
-    """The path vLLM's server takes (`--vllm-python`): here `assay serve` on the same weights stands in for it,
-    under the column name the ratios to vLLM are taken against."""
-    import sys
-
+def test_bench_serve_drives_servers_in_processes_of_their_own(policy, tok, tmp_path):
+    """What the command runs: each profile as `assay serve` in a process of its own (`--threads`, served as "bench"),
+    and vLLM's column the same way (`--vllm-python`); here a second `assay serve` stands in for vLLM, under the
+    column name the ratios to vLLM are taken against."""
     from assay.core.modeling import save_model
 
-    save_model(policy, tok, tmp_path / "bench")  # served under the name given: "bench", as the bench asks for
+    save_model(policy, tok, tmp_path / "weights")
+    starters = {name: assay_starter(profile, tmp_path / "weights", 1, 8, tmp_path / f"{name}.log")
+                for name, profile in (("standard", "standard"), ("vllm", "standard"))}
     started = []
 
-    def start():
-        port = free_loopback_port()
-        cmd = [sys.executable, "-m", "assay.cli", "serve", "bench", "--port", str(port)]
-        started.append(start_process_server(cmd, f"http://127.0.0.1:{port}", tmp_path / "server.log", startup_s=120,
-                                            cwd=tmp_path))
-        return started[-1]
+    def recorded(start):
+        return lambda: started.append(start()) or started[-1]
 
-    rows = run_serve_bench(policy, tok, ["standard"], [1, 2], rounds=2, per_client=1, max_tokens=4,
-                           others={"vllm": start})
+    rows = run_serve_bench({name: recorded(start) for name, start in starters.items()}, [1, 2], rounds=2,
+                           per_client=1, max_tokens=4)
     assert [(r.profile, r.concurrency) for r in rows] == [("standard", 1), ("vllm", 1), ("standard", 2), ("vllm", 2)]
     for r in rows:
         assert r.tokens_per_s > 0
         assert (r.ratio_to_vllm is None) == (r.profile == "vllm") and len(r.ratio_to_vllm or [0, 0]) == 2
-    assert started[0].process.poll() is not None  # stopped with the bench
+    assert len(started) == 2 and all(s.process.poll() is not None for s in started)  # stopped with the bench
+    assert "1 torch threads" in (tmp_path / "standard.log").read_text()  # --threads reached the server
     assert "÷ vLLM" in table(rows, None)
+    with pytest.raises(AssayError, match="fastest"):
+        assay_starter("fastest", tmp_path / "weights", 1, 8, tmp_path / "x.log")
     # a server that dies before it serves: an error that quotes its log
     with pytest.raises(AssayError, match="exited with 3.*NoModelError: none here"):
         start_process_server([sys.executable, "-c", "import sys; print('NoModelError: none here'); print('bye'); sys.exit(3)"],

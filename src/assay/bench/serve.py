@@ -1,5 +1,7 @@
 """`assay bench serve`: the serving profiles side by side on one model, each behind its own OpenAI-compatible
-server on 127.0.0.1 in this process, driven by concurrent streaming chat clients.
+server on 127.0.0.1, driven by concurrent streaming chat clients. The command runs each profile as `assay serve`
+in a process of its own, as it is deployed (and as vLLM's column runs), so the clients' parsing in this
+process never waits on a server's interpreter lock; `in_process_starters` serves them from this process instead.
 
 Per profile and concurrency: time to first token and inter-token latency (p50, p99) and completion tokens/s
 over the level's wall time. Each client sends its requests one after another; the profiles are alternated
@@ -211,43 +213,49 @@ def vllm_starter(python: str, model_dir: Path, threads: int, log: Path) -> Calla
     return start
 
 
-def start_profiles(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, profiles: list[str],
-                   max_queue: int) -> dict[str, RunningServer]:
-    servers: dict[str, RunningServer] = {}
-    try:
-        for name in profiles:
-            state = build_state(model, tokenizer, "bench", get_profile(name), ServeOptions(max_queue=max_queue))
-            servers[name] = start_server(state)
-    except BaseException:
-        for s in servers.values():
-            s.close()
-        raise
-    return servers
+def assay_starter(profile: str, model_dir: Path, threads: int, max_queue: int, log: Path
+                  ) -> Callable[[], ProcessServer]:
+    """`assay serve` of `model_dir` under `profile` in a process of its own, on `threads` torch threads."""
+    get_profile(profile)  # an unknown profile fails here, before any server starts
+
+    def start() -> ProcessServer:
+        port = free_loopback_port()
+        cmd = [sys.executable, "-m", "assay.cli", "serve", str(model_dir), "--profile", profile, "--port", str(port),
+               "--threads", str(threads), "--max-queue", str(max_queue), "--served-model-name", "bench"]
+        return start_process_server(cmd, f"http://127.0.0.1:{port}", log)
+    return start
 
 
-def run_serve_bench(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, profiles: list[str],
-                    concurrency: list[int], rounds: int, per_client: int, max_tokens: int,
-                    others: dict[str, Callable[[], Server]] | None = None) -> list[Row]:
-    """The profiles, each on a server of its own in this process, and `others` (a column's name: what starts its
-    server, serving the model as "bench"), alternated within every round."""
-    others = others or {}
-    if rounds < 1 or per_client < 1 or max_tokens < 1 or not concurrency or min(concurrency) < 1 or not profiles:
+def in_process_starters(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, profiles: list[str],
+                        max_queue: int) -> dict[str, Callable[[], RunningServer]]:
+    """Each profile on a server of its own in this process (profiles registered from Python, quick tests)."""
+    def starter(profile: str) -> Callable[[], RunningServer]:
+        spec = get_profile(profile)
+        return lambda: start_server(build_state(model, tokenizer, "bench", spec, ServeOptions(max_queue=max_queue)))
+    return {name: starter(name) for name in profiles}
+
+
+def run_serve_bench(columns: dict[str, Callable[[], Server]], concurrency: list[int], rounds: int, per_client: int,
+                    max_tokens: int) -> list[Row]:
+    """Each column (its name: what starts its server, serving the model as "bench"), alternated within every
+    round; ratios are taken against the columns named "standard" and "vllm"."""
+    if rounds < 1 or per_client < 1 or max_tokens < 1 or not concurrency or min(concurrency) < 1 or not columns:
         raise AssayError("bench serve: rounds, requests per client, max tokens and every concurrency must be at "
                          "least 1, with at least one profile")
-    servers: dict[str, Server] = dict(start_profiles(model, tokenizer, profiles, max_queue=max(concurrency) + 8))
-    columns = profiles + list(others)
+    servers: dict[str, Server] = {}
+    names = list(columns)
     levels: list[Level] = []
     try:
-        for name, start in others.items():
+        for name, start in columns.items():
             servers[name] = start()
         for r in range(rounds):
             for c in concurrency:
-                for name in (columns if r % 2 == 0 else columns[::-1]):
+                for name in (names if r % 2 == 0 else names[::-1]):
                     levels.append(measure(servers[name].url, "bench", name, c, per_client, max_tokens, r))
     finally:
         for s in servers.values():
             s.close()
-    return summarize(levels, columns, concurrency)
+    return summarize(levels, names, concurrency)
 
 
 def summarize(levels: list[Level], profiles: list[str], concurrency: list[int]) -> list[Row]:

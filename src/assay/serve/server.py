@@ -48,6 +48,7 @@ class ServeOptions:
     golden: tuple[Path, ...] = ()  # a pinned suite file, or records of both policies on one: gate the promotion
     golden_margin: float | None = None  # the pass@1 loss the gate tolerates; None: the canary's margin
     verify_suite: Path | None = None  # a pinned suite whose single-turn tasks, named by a request, are verified
+    threads: int = 0  # torch threads; 0: the count measured fastest for the model here
 
 
 def policy_dir(policy: Path) -> Path:
@@ -167,7 +168,7 @@ def serve(policy: Path, profile: ServeProfile, options: ServeOptions) -> None:
     verifier = suite_verifier(options.verify_suite) if options.verify_suite is not None else None
     gate = golden_gate_of(where, options, profile)  # last: it may evaluate both policies, after every other check
     model, tokenizer = load_model(where)
-    threads = apply_threads(0, model)
+    threads = apply_threads(options.threads, model)
     state = build_state(model, tokenizer, options.model_id or str(policy), profile, options, policy_name=str(where))
     states = [state]
     if options.canary is not None:
