@@ -1,10 +1,11 @@
 """`assay bench serve`: the serving profiles side by side on one model, each behind its own OpenAI-compatible
 server on 127.0.0.1, driven by concurrent streaming chat clients. The command runs each profile as `assay serve`
-in a process of its own, as it is deployed (and as vLLM's column runs), so the clients' parsing in this
-process never waits on a server's interpreter lock; `in_process_starters` serves them from this process instead.
+in a process of its own, as it is deployed and as vLLM's column runs; `in_process_starters` serves them from
+this process instead.
 
 Per profile and concurrency: time to first token and inter-token latency (p50, p99) and completion tokens/s
-over the level's wall time. Each client sends its requests one after another; the profiles are alternated
+over the level's wall time. Every server first answers one request that is not recorded (its warm-up: vLLM's
+first round ran at a quarter of its later ones). Each client sends its requests one after another; the profiles are alternated
 within every round (the order flips each round), so load on the machine hits them alike, and the fast /
 standard ratio of tokens/s is reported per round (median and spread). A streamed chunk may carry several
 tokens (speculative decoding accepts drafts): the chunk's gap is spread evenly over its tokens, counted from
@@ -237,8 +238,8 @@ def in_process_starters(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
 
 def run_serve_bench(columns: dict[str, Callable[[], Server]], concurrency: list[int], rounds: int, per_client: int,
                     max_tokens: int) -> list[Row]:
-    """Each column (its name: what starts its server, serving the model as "bench"), alternated within every
-    round; ratios are taken against the columns named "standard" and "vllm"."""
+    """Each column (its name: what starts its server, serving the model as "bench"), warmed up by one request,
+    then alternated within every round; ratios are taken against the columns named "standard" and "vllm"."""
     if rounds < 1 or per_client < 1 or max_tokens < 1 or not concurrency or min(concurrency) < 1 or not columns:
         raise AssayError("bench serve: rounds, requests per client, max tokens and every concurrency must be at "
                          "least 1, with at least one profile")
@@ -248,6 +249,8 @@ def run_serve_bench(columns: dict[str, Callable[[], Server]], concurrency: list[
     try:
         for name, start in columns.items():
             servers[name] = start()
+        for name in names:  # one request each, not recorded: a server's first requests pay its warm-up
+            measure(servers[name].url, "bench", name, 1, 1, max_tokens, -1)
         for r in range(rounds):
             for c in concurrency:
                 for name in (names if r % 2 == 0 else names[::-1]):
