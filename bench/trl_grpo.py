@@ -174,6 +174,11 @@ def held_out(policy_dir: Path, a: argparse.Namespace) -> dict[str, float]:
     return {"value": est.value, "low": est.low, "high": est.high}
 
 
+def curve_text(curve: dict) -> str:
+    """step:pass@1@seconds of each checkpoint, in step order (keys are ints in memory, strings in a report)."""
+    return " ".join(f"{s}:{curve[s]['pass_at_1']['value']:.3f}@{curve[s]['at_s']:.0f}s" for s in sorted(curve, key=int))
+
+
 def reach(curve: dict, target: float) -> str | None:
     """The first checkpoint (step, as the report's key) at or above `target`, or None."""
     return next((s for s in sorted(curve, key=int) if curve[s]["pass_at_1"]["value"] >= target), None)
@@ -191,8 +196,7 @@ def compare(reports: list[Path]) -> None:
     for r in runs:
         c = r["curve"]
         step = reach(c, target)
-        print(f"{r['run']:42s} " + " ".join(f"{s}:{c[s]['pass_at_1']['value']:.3f}@{c[s]['at_s']:.0f}s"
-                                             for s in sorted(c, key=int))
+        print(f"{r['run']:42s} {curve_text(c)}"
               + (f"  reaches it at step {step}, {c[step]['at_s']:.0f} s, {c[step]['at_s'] / ref_at:.2f} of the "
                  "reference's time" if step else "  never reaches it"))
 
@@ -265,7 +269,7 @@ def main() -> None:
         r["reaches_trl_final_at_s"] = None if step is None else c[step]["at_s"]
         last = c[max(c)]["pass_at_1"]
         print(f"{r['run']:42s} {r['wall_s']:7.1f} s  final {last['value']:.3f} [{last['low']:.3f}, {last['high']:.3f}]"
-              "  by step: " + " ".join(f"{s}:{c[s]['pass_at_1']['value']:.3f}@{c[s]['at_s']:.0f}s" for s in sorted(c))
+              f"  by step: {curve_text(c)}"
               + (f"  reaches the target at {c[step]['at_s']:.0f} s" if step else "  never reaches it"))
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"report: {out / 'report.json'}")
