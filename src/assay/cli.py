@@ -636,7 +636,9 @@ def bench_serve(policy: Annotated[Path, typer.Argument(help="a policy, as `assay
                 profiles: Annotated[str, typer.Option(help="comma-separated serving profiles")] = "standard,fast",
                 concurrency: Annotated[str, typer.Option(help="comma-separated concurrent clients")] = "1,8,32",
                 rounds: Annotated[int, typer.Option(help="rounds of every profile and level, alternated")] = 3,
-                requests: Annotated[int, typer.Option(help="requests each client sends, one after another")] = 2,
+                requests: Annotated[int, typer.Option(
+                    help="requests each client sends, one after another (more where a level would otherwise "
+                         "leave one of the bench's prompts unsent)")] = 2,
                 max_tokens: Annotated[int, typer.Option(help="most tokens per response (greedy)")] = 64,
                 threads: Annotated[int, typer.Option(help="torch threads (0: the count measured fastest here)")] = 0,
                 vllm_python: Annotated[str | None, typer.Option(

@@ -111,7 +111,7 @@ def test_speculation_on_int8_keeps_the_int8_greedy_output(model, tok):
     every = cpu_kernel.int8_rows()  # every row count on the int8 kernel, whatever this CPU's timing says
     plain = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True, int8_rows=every))
     spec = Engine(model, tok, EngineConfig(**SMALL, weights="int8", int8_head=True, speculative_tokens=3,
-                                           speculative_max_batch=2, int8_rows=every))
+                                           speculative_max_batch=2, int8_rows=every, speculative_adaptive=False))
     want = [r.token_ids for [r] in plain.generate([GenRequest(p, params) for p in prompts])]
     assert [r.token_ids for [r] in spec.generate([GenRequest(p, params) for p in prompts])] == want
     assert spec.last_stats["draft_proposed"] > 0

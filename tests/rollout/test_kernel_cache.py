@@ -2,6 +2,7 @@
 its own build, and a build replaces only its own CPU's older builds. Built here from a one-line source
 (the real kernels take seconds), with two fake CPU signatures."""
 
+import platform
 import shutil
 
 import pytest
@@ -36,3 +37,30 @@ def test_each_cpu_keeps_its_own_build_and_never_deletes_another_cpus(tmp_path, m
 def test_the_kernels_build_without_finite_math_assumptions():
     assert "-ffast-math" not in cpu_kernel._FLAGS and not any("finite-math-only" in f for f in cpu_kernel._FLAGS)
     assert {"-O3", "-march=native"} <= set(cpu_kernel._FLAGS)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 targets")
+def test_another_target_builds_apart_from_the_native_build(tmp_path, monkeypatch):
+    """ASSAY_CPU_MARCH builds for an older target (an AVX2 build on an AVX-512 CPU): a build of its own, beside
+    the native one, and the target's code really differs (no AVX-512 register in it)."""
+    source = tmp_path / "add.c"
+    source.write_text("void add(float *a, const float *b, int n) { for (int i = 0; i < n; i++) a[i] += b[i]; }\n")
+    monkeypatch.setenv("ASSAY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu_kernel, "_SOURCES", (source,))
+    monkeypatch.setattr(cpu_kernel, "_cpu_signature", lambda: "flags : fake avx512f")
+    native = cpu_kernel._build()
+    monkeypatch.setenv("ASSAY_CPU_MARCH", "x86-64-v3")
+    avx2 = cpu_kernel._build()
+    assert avx2 != native and avx2.is_file() and native.is_file()
+    assert b"zmm" not in _disassembly(avx2)
+    monkeypatch.setenv("ASSAY_CPU_MARCH", "x86-64-v4")  # AVX-512: the same loop on 512-bit registers
+    assert b"zmm" in _disassembly(cpu_kernel._build())
+
+
+def _disassembly(library) -> bytes:
+    import subprocess
+
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.fail("missing tool: objdump (binutils), to read the kernels' build")
+    return subprocess.run([objdump, "-d", str(library)], capture_output=True, check=True).stdout

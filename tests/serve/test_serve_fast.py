@@ -9,6 +9,8 @@ import pytest
 from serve_helpers import MODEL
 
 from assay.bench.serve import (
+    PROMPTS,
+    _drive,
     assay_starter,
     free_loopback_port,
     in_process_starters,
@@ -52,6 +54,16 @@ def test_fast_profile_serves_chat_completions(fast_server):
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
         model=MODEL, messages=messages, temperature=0, max_tokens=32, stream=True) if c.choices)
     assert streamed == (choice.message.content or "")
+
+
+def test_every_level_of_bench_serve_sends_every_prompt(fast_server):
+    """One client sending one request timed one short answer; a level now sends the whole mix of prompts, and
+    more requests where the clients ask for more."""
+    import asyncio
+
+    for clients, per_client, want in ((1, 1, len(PROMPTS)), (3, 1, len(PROMPTS)), (3, 4, 12)):
+        _, results = asyncio.run(_drive(fast_server.url, MODEL, clients, per_client, 2))
+        assert len(results) == want and all(tokens >= 1 for _, _, tokens in results)
 
 
 def test_bench_serve_runs_both_profiles_at_two_concurrencies(policy, tok):

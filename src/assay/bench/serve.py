@@ -5,7 +5,8 @@ this process instead.
 
 Per profile and concurrency: time to first token and inter-token latency (p50, p99) and completion tokens/s
 over the level's wall time. Every server first answers one request that is not recorded (its warm-up: vLLM's
-first round ran at a quarter of its later ones). Each client sends its requests one after another; the profiles are alternated
+first round ran at a quarter of its later ones). Each client sends its requests one after another, and every level
+sends each prompt at least once (`_drive`); the profiles are alternated
 within every round (the order flips each round), so load on the machine hits them alike, and the fast /
 standard ratio of tokens/s is reported per round (median and spread). A streamed chunk may carry several
 tokens (speculative decoding accepts drafts): the chunk's gap is spread evenly over its tokens, counted from
@@ -116,12 +117,16 @@ async def _request(client: httpx.AsyncClient, url: str, model: str, prompt: str,
 
 
 async def _drive(url: str, model: str, concurrency: int, per_client: int, max_tokens: int) -> tuple[float, list]:
+    """Every client sends its requests one after another: `per_client` each, or more where that would leave one of
+    the prompts unsent, so every level answers the whole mix (one client sending two requests timed two short
+    answers, mostly their prefill)."""
+    total = max(concurrency * per_client, len(PROMPTS))
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
 
         async def one_client(i: int) -> list[tuple[float, list[float], int]]:
-            return [await _request(client, url, model, PROMPTS[(i + j) % len(PROMPTS)], max_tokens)
-                    for j in range(per_client)]
+            return [await _request(client, url, model, PROMPTS[k % len(PROMPTS)], max_tokens)
+                    for k in range(i, total, concurrency)]
 
         t0 = time.perf_counter()
         results = await asyncio.gather(*(one_client(i) for i in range(concurrency)))

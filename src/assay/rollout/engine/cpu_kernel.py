@@ -11,7 +11,9 @@ C compiler on first use (about a second) into a cache keyed by the source, the f
 with ctypes, which releases the GIL while it runs. They are compiled for this CPU (-march=native) with IEEE
 semantics kept (no -ffast-math: the kernels use infinities as sentinels, which finite-math would leave
 undefined). The cache directory may be shared between machines (a home directory on a cluster): each
-CPU keeps its own build, and a build only ever replaces an older build for the same CPU.
+CPU keeps its own build, and a build only ever replaces an older build for the same CPU. ASSAY_CPU_MARCH
+builds for another target than this CPU (e.g. x86-64-v3: AVX2 and FMA, no AVX-512), to run or time the
+kernels as an older CPU's build would be.
 Without a compiler, or with ASSAY_CPU_KERNEL=0, the PyTorch path runs instead, with the same
 results up to float rounding.
 """
@@ -443,15 +445,17 @@ def _build() -> Path:
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         raise OSError("no C compiler (cc) on PATH")
-    cpu = hashlib.sha256(_cpu_signature().encode()).hexdigest()[:12]
-    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in (*_SOURCES, _HEADER)), " ".join(_FLAGS).encode(),
+    march = os.environ.get("ASSAY_CPU_MARCH", "native")
+    flags = [f"-march={march}" if f == "-march=native" else f for f in _FLAGS]
+    cpu = hashlib.sha256((_cpu_signature() + march).encode()).hexdigest()[:12]  # a target's builds apart
+    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in (*_SOURCES, _HEADER)), " ".join(flags).encode(),
                                      cc.encode()])).hexdigest()[:16]
     cache = Path(os.environ.get("ASSAY_CACHE_DIR", Path.home() / ".cache" / "assay")) / "kernels"
     target = cache / f"kernels-{cpu}-{key}.so"
     if target.exists():
         return target
     with atomic_path(target) as built:
-        proc = subprocess.run([cc, *_FLAGS, *map(str, _SOURCES), "-o", str(built), *_LIBS], capture_output=True,
+        proc = subprocess.run([cc, *flags, *map(str, _SOURCES), "-o", str(built), *_LIBS], capture_output=True,
                               text=True, timeout=120)
         if proc.returncode != 0:
             raise OSError(f"{cc} failed: {proc.stderr.strip()[:300]}")

@@ -10,6 +10,7 @@ partly filled one included), so the next turn computes only its new tokens.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -41,8 +42,10 @@ from assay.rollout.engine.model_runner import ModelRunner
 from assay.rollout.engine.sampler import sample
 from assay.rollout.engine.scheduler import Scheduler
 from assay.rollout.engine.sequence import Sequence, Status
-from assay.rollout.engine.speculative import propose, verify
+from assay.rollout.engine.speculative import DraftCosts, acceptance, draft_length, propose, verify
 from assay.rollout.weights import copy_weights
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,6 +58,9 @@ class EngineConfig:
     speculative_max_batch: int = 4  # speculate only while at most this many sequences run
     speculative_ngram: int = 3  # longest n-gram looked up for a draft
     speculative_min_ngram: int = 1  # shortest: a longer match drafts less often and is accepted more often
+    # draft the length expected to pay most on this machine, from verifying steps timed as the engine starts and
+    # each sequence's acceptance so far (none where none pays); False: every draft as long as it can be
+    speculative_adaptive: bool = True
     gemm: str = "auto"  # auto: oneDNN on prepacked weights where it runs (float32, CPU); torch: torch.mm
     # int8: weight-only int8 per output feature for the layers' linears; bf16: bf16 GEMMs for them (onednn.py)
     weights: str = "float32"
@@ -106,6 +112,11 @@ class Engine(RolloutBackend):
         keep_freed_memory_on(self.model.device)
         if cfg.warm_up:
             self._warm_up()
+        self.draft_costs: DraftCosts | None = None  # timed as the engine starts where drafts are adaptive
+        if cfg.speculative_tokens and cfg.speculative_adaptive:
+            self.draft_costs = self._time_drafts()
+            log.info("engine: a step verifying 0 to %d drafted tokens of one sequence takes %s plain decode steps "
+                     "here", cfg.speculative_tokens, self.draft_costs.relative(1))
 
     # -- online API -----------------------------------------------------------------------------
 
@@ -237,6 +248,38 @@ class Engine(RolloutBackend):
         self.take_stats()
         self.last_stats = {}
 
+    def _time_drafts(self, context: int = 64, reps: int = 3) -> DraftCosts:
+        """`DraftCosts` of this machine: each step the way `_step` verifies drafts (b sequences, 1 + k rows each,
+        the logits of every row), on throwaway sequences of `context` cached tokens; the fastest of `reps`
+        calls. Nothing stays cached and nothing is sampled."""
+        cfg = self.config
+        longest = cfg.speculative_tokens + 1
+        context = max(1, min(context, self.model.max_positions - longest - 1))
+        seqs = [Sequence(-1 - i, [0] * (context + longest), context, SamplingParams(temperature=0), frozenset(), None)
+                for i in range(cfg.speculative_max_batch)]
+        seconds: list[tuple[float, ...]] = []
+        try:
+            for s in seqs:
+                if not self.blocks.reserve(s, len(s.tokens)):
+                    raise AssayError("engine: the KV cache cannot hold the sequences that time speculative drafts; "
+                                     "raise rollout.kv_cache_mb or lower speculative_max_batch")
+                self.runner.run([(s, context)], [s])  # the context the drafts attend to
+                s.num_computed = context
+            for b in range(1, len(seqs) + 1):
+                row = []
+                for k in range(longest):
+                    best = float("inf")
+                    for _ in range(reps):
+                        t0 = time.perf_counter()
+                        self.runner.run([(s, k + 1) for s in seqs[:b]], seqs[:b], {id(s): k + 1 for s in seqs[:b]})
+                        best = min(best, time.perf_counter() - t0)
+                    row.append(best)
+                seconds.append(tuple(row))
+        finally:
+            for s in seqs:
+                self.blocks.release(s, keep_partial=False)
+        return DraftCosts(tuple(seconds))
+
     def _sequences(self, requests: Seq[GenRequest]) -> list[list[Sequence]]:
         leaders: dict[tuple[int, ...], Sequence] = {}
         out: list[list[Sequence]] = []
@@ -325,6 +368,10 @@ class Engine(RolloutBackend):
             draft = propose(seq.tokens, cfg.speculative_ngram, room, cfg.speculative_min_ngram)
             if draft:
                 drafts[id(seq)] = draft
+        if drafts and self.draft_costs is not None:  # the length expected to pay most on this machine
+            k = draft_length([acceptance(s.draft_accepted, s.draft_rejected) for s in running],
+                             [len(drafts.get(id(s), ())) for s in running], self.draft_costs.seconds[len(running) - 1])
+            drafts = {i: d[:k] for i, d in drafts.items()} if k else {}
         need = sum(2 + len(d) // self.config.block_size for d in drafts.values()) + len(running)
         if not drafts or self.blocks.num_free < need:  # a preemption would strand a draft: do not risk it
             return {}
@@ -341,6 +388,8 @@ class Engine(RolloutBackend):
         del seq.tokens[base:]
         out, lps = verify(logits, draft, seq.params, seq.stream, base)
         self.spec_counts.update(accepted=len(out) - 1)
+        seq.draft_accepted += len(out) - 1
+        seq.draft_rejected += len(out) <= len(draft)
         # K/V stand for the sampled token and the accepted draft; the rejected tail's are dropped
         self._emit(sched, seq, out, lps, computed_to=seq.num_computed + len(out))
 

@@ -33,6 +33,9 @@ class Sequence:
     followers: list[Sequence] = field(default_factory=list)
     admitted: bool = False  # prompt-cache accounting happens once, not again after a preemption
     request: int = -1  # the engine request it belongs to
+    # speculative drafts so far: tokens accepted, and drafts that ended in a rejected token
+    draft_accepted: int = 0
+    draft_rejected: int = 0
 
     @property
     def num_uncomputed(self) -> int:
