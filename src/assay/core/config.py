@@ -329,7 +329,8 @@ class RolloutConfig(_Strict):
     max_batched_tokens: int = Field(2048, gt=0, description="Engine: tokens computed per step")
     max_seqs: int = Field(256, gt=0, description="Engine: sequences running at once")
     speculative_tokens: int = Field(0, ge=0, description=(
-        "Engine: prompt-lookup speculative decoding (exact acceptance) with drafts of this length; 0: off"))
+        "Engine: prompt-lookup speculative decoding (exact acceptance) with drafts of up to this length, each as "
+        "long as the verifying steps timed as the engine starts say pays on this machine; 0: off"))
     speculative_max_batch: int = Field(4, gt=0, description="Engine: speculate only while at most this many "
                                                             "sequences run")
     gemm: Literal["auto", "onednn", "torch"] = Field("auto", description=(

@@ -50,8 +50,10 @@ STANDARD = register_profile(ServeProfile(
 # docs/experiments.md). A step budget of 256 tokens (a joining prompt's prefill stalls the decoding sequences for
 # at most that many tokens a step; the scheduler runs every decode first), and prompt-lookup drafts of 3 tokens
 # while at most 2 sequences run (2 x (1 + 3) rows: a verifying step stays within the C kernels' 8 rows), drafted
-# only from a match of 2 tokens or more: verifying 4 rows costs ~3x one row here, and a 1-token match drafted
-# often and was mostly rejected. The LM head is int8 too: measured +0.0004 nats/token of KL for ~15% more speed.
+# only from a match of 2 tokens or more (a 1-token match drafted often and was mostly rejected), and only as long
+# as the engine's verifying steps, timed as it starts, say pays (none on a Zen 4 without AMX, where verifying 3
+# drafted tokens cost 3.8 plain steps). The LM head is int8 too: measured +0.0004 nats/token of KL for ~15% more
+# speed.
 FAST = register_profile(ServeProfile(
     "fast", "latency first: weight-only int8 linears and LM head, prompt-lookup speculative decoding while the "
             "batch is small",

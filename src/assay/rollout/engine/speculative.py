@@ -11,7 +11,7 @@ is therefore distributed exactly as without speculation (greedy: accepted iff it
 
 Whether a draft pays depends on the machine: a step that verifies k drafted tokens per sequence runs
 1 + k rows, and on a CPU whose few-row kernels are bound by arithmetic rather than by reading the weights,
-it costs several plain decode steps (four at 4 rows on a Zen 4 with int8 weights; docs/experiments.md).
+it costs several plain decode steps (3.8 at 4 rows on a Zen 4 with int8 weights; docs/experiments.md S2).
 So the engine times the verifying steps as it starts (`DraftCosts`), tracks each sequence's acceptance,
 and drafts the length that maximizes expected tokens per second (`draft_length`), none where none pays.
 """
