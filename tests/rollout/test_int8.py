@@ -49,6 +49,24 @@ def test_int8_linear_equals_the_int8_math_in_torch(rows, features, inputs):
         assert bool(((y.double() - full).abs() <= quant_bound).all())
 
 
+@pytest.mark.skipif("avx512f" not in cpu_kernel._cpu_signature().split(), reason="the native build is the AVX2 one")
+def test_the_avx2_build_of_the_int8_kernel_equals_the_int8_math(tmp_path):
+    """An AVX-512 CPU's build runs panels of 16; the AVX2 build (panels of 8), what an AVX2-only CPU runs, passes
+    the same check here, built for x86-64-v3 (`ASSAY_CPU_MARCH`) in a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    check = ("import sys, pytest; from assay.rollout.engine import cpu_kernel; "
+             "assert cpu_kernel._library().int8_panel_f32() == 8; "
+             f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', {__file__!r}, '-k', "
+             "'int8_linear_equals_the_int8_math']))")
+    env = {**os.environ, "ASSAY_CPU_MARCH": "x86-64-v3", "ASSAY_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "24 passed" in proc.stdout
+
+
 def test_int8_linear_refuses_what_it_cannot_take():
     q, scale = cpu_kernel.quantize_int8(torch.randn(16, 8))
     panels = cpu_kernel.pack_int8_panels(q)

@@ -447,7 +447,8 @@ def _build() -> Path:
         raise OSError("no C compiler (cc) on PATH")
     march = os.environ.get("ASSAY_CPU_MARCH", "native")
     flags = [f"-march={march}" if f == "-march=native" else f for f in _FLAGS]
-    cpu = hashlib.sha256((_cpu_signature() + march).encode()).hexdigest()[:12]  # a target's builds apart
+    target_cpu = _cpu_signature() + ("" if march == "native" else f" target {march}")  # another target's builds apart
+    cpu = hashlib.sha256(target_cpu.encode()).hexdigest()[:12]
     key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in (*_SOURCES, _HEADER)), " ".join(flags).encode(),
                                      cc.encode()])).hexdigest()[:16]
     cache = Path(os.environ.get("ASSAY_CACHE_DIR", Path.home() / ".cache" / "assay")) / "kernels"
