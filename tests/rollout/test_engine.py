@@ -381,6 +381,38 @@ def test_speculative_acceptance_leaves_the_distribution_unchanged():
     assert torch.allclose(pair / first[draft[0]], p1, atol=0.02)  # and so is the next, given the first
 
 
+def test_the_draft_length_is_the_one_expected_to_pay_most():
+    from assay.rollout.engine.speculative import acceptance, draft_length
+
+    assert draft_length([0.9], [3], (1.0, 4.0, 4.0, 4.0)) == 0  # a verifying step of 4x a decode step never pays
+    assert draft_length([0.9], [3], (1.0, 1.1, 1.2, 1.3)) == 3  # cheap, and drafts mostly accepted
+    assert draft_length([0.1], [3], (1.0, 1.1, 1.2, 1.3)) == 0  # cheap, but drafts mostly rejected
+    assert draft_length([0.9], [1], (1.0, 1.1, 1.2, 1.3)) == 1  # one token to draft: a longer step buys nothing
+    assert draft_length([0.9, 0.9], [3, 0], (1.0, 1.5, 1.6, 1.7)) == 3  # one sequence's draft pays the step
+    assert draft_length([0.9], [3], (1.0, 1.05, 3.0, 3.1)) == 1  # a cost that jumps past one token
+    assert acceptance(0, 0) == 0.5 and acceptance(9, 0) > 0.9 and acceptance(0, 9) < 0.1
+
+
+def test_drafts_follow_the_timed_costs(tok, policy):
+    """The engine times its verifying steps as it starts; with costs that make drafts lose it drafts none, with
+    costs that make them pay it drafts, and the greedy output is the same either way."""
+    from assay.rollout.engine.speculative import DraftCosts
+
+    prompts = [p * 3 for p in random_prompts(len(tok), 2, max_len=12, seed=22)]  # repetitive: drafts get accepted
+    want = hf_greedy(policy, tok, prompts)
+    engine = Engine(policy, tok, EngineConfig(speculative_tokens=3, speculative_max_batch=2))
+    timed = engine.draft_costs.seconds
+    assert len(timed) == 2 and all(len(row) == 4 and min(row) > 0 for row in timed)
+    assert engine.blocks.num_free == len(engine.blocks.blocks)  # the timing's sequences left nothing behind
+    engine.draft_costs = DraftCosts(((1.0, 9.0, 9.0, 9.0),) * 2)
+    assert engine_tokens(engine, prompts) == want
+    assert engine.last_stats["draft_proposed"] == 0
+    engine.draft_costs = DraftCosts(((1.0, 1.0, 1.0, 1.0),) * 2)
+    assert engine_tokens(engine, prompts) == want
+    assert engine.last_stats["draft_proposed"] > 0 and engine.last_stats["draft_accepted"] > 0
+    assert engine.blocks.num_free == len(engine.blocks.blocks)
+
+
 def test_a_failed_generate_frees_every_block(tok, policy, monkeypatch):
     engine = Engine(policy, tok)
     real, calls = engine.runner.run, []

@@ -137,15 +137,16 @@ def test_speculation_on_int8_keeps_the_int8_greedy_output(model, tok):
 
 @pytest.mark.parametrize(("slower_from", "want"), [(4, 3), (1, 0), (None, 8)])
 def test_the_int8_row_limit_is_the_last_count_before_the_float32_kernel_wins(monkeypatch, slower_from, want):
-    """`time_int8_rows` races the int8 kernel against the float32 one row count by row count, stops at the first
-    loss, and never times past the float32 kernel's rows."""
+    """`time_int8_rows` races the int8 kernel against the float32 one row count by row count, each over every linear
+    given, stops at the first loss, and never times past the float32 kernel's rows."""
     from assay.rollout.engine import onednn
 
     timed = []
 
-    def race(a, b, reps):  # the partials carry x: its rows are the count being timed
-        assert b.func is cpu_kernel.skinny_linear
-        rows = a.args[0].shape[0]
+    def race(a, b, reps):  # each side a pass over every linear, whose partials carry x: its rows are the count
+        assert [c.func for c in b.args[0]] == [cpu_kernel.skinny_linear] * len(linears)
+        assert [c.func for c in a.args[0]] == [cpu_kernel.int8_linear] * len(linears)
+        rows = a.args[0][0].args[0].shape[0]
         timed.append(rows)
         return (2.0, 1.0) if slower_from is not None and rows >= slower_from else (1.0, 2.0)
 

@@ -248,10 +248,10 @@ class Engine(RolloutBackend):
         self.take_stats()
         self.last_stats = {}
 
-    def _time_drafts(self, context: int = 64, reps: int = 3) -> DraftCosts:
+    def _time_drafts(self, context: int = 64, reps: int = 5) -> DraftCosts:
         """`DraftCosts` of this machine: each step the way `_step` verifies drafts (b sequences, 1 + k rows each,
         the logits of every row), on throwaway sequences of `context` cached tokens; the fastest of `reps`
-        calls. Nothing stays cached and nothing is sampled."""
+        alternated calls. Nothing stays cached and nothing is sampled."""
         cfg = self.config
         longest = cfg.speculative_tokens + 1
         context = max(1, min(context, self.model.max_positions - longest - 1))
@@ -266,15 +266,13 @@ class Engine(RolloutBackend):
                 self.runner.run([(s, context)], [s])  # the context the drafts attend to
                 s.num_computed = context
             for b in range(1, len(seqs) + 1):
-                row = []
-                for k in range(longest):
-                    best = float("inf")
-                    for _ in range(reps):
+                best = [float("inf")] * longest
+                for _ in range(reps):  # the lengths in turn, so a burst of load on the machine hits them alike
+                    for k in range(longest):
                         t0 = time.perf_counter()
                         self.runner.run([(s, k + 1) for s in seqs[:b]], seqs[:b], {id(s): k + 1 for s in seqs[:b]})
-                        best = min(best, time.perf_counter() - t0)
-                    row.append(best)
-                seconds.append(tuple(row))
+                        best[k] = min(best[k], time.perf_counter() - t0)
+                seconds.append(tuple(best))
         finally:
             for s in seqs:
                 self.blocks.release(s, keep_partial=False)

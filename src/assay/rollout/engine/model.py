@@ -82,9 +82,9 @@ class PagedModel:
             self.head_packs = onednn.PackedWeights("int8" if self.packs.int8 and int8_head else "float32")
         if self.packs is not None:
             # how many rows take the int8 kernel, and past them the float32 one on the dequantized weights: timed
-            # on one layer (they are alike) and on the head, unless given
-            _, qkv, o, _, gate_up, down = self.step_weights[0]
-            for packs, linears in ((self.packs, [qkv, o, gate_up, down]),
+            # over every layer (as a step streams them) and on the head, unless given
+            layers = [linear for _, qkv, o, _, gate_up, down in self.step_weights for linear in (qkv, o, gate_up, down)]
+            for packs, linears in ((self.packs, layers),
                                    (self.head_packs, [_side_by_side(self.lm_head)])):
                 if packs.int8:
                     packs.int8_rows = min(int8_rows, packs.int8_rows) if int8_rows else packs.time_int8_rows(linears)

@@ -143,22 +143,24 @@ class PackedWeights:
     def time_int8_rows(self, linears: Sequence[tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]],
                        reps: int = 5) -> int:
         """Lower `int8_rows` to the most rows at which, and at every count below, the int8 kernel ran these
-        projections together no slower than the float32 kernel on their dequantized weights (what those rows
-        run otherwise), timed here on this CPU: the fastest of `reps` alternated calls of each. Only up to the
-        float32 kernel's rows: past them the alternative leaves the whole-step C kernel. On a Zen 4 (AVX-512, no
-        AMX) the float32 kernel won from 3 rows on at SmolLM2's layers (docs/experiments.md D5)."""
+        projections no slower than the float32 kernel on their dequantized weights (what those rows run
+        otherwise), timed here on this CPU: the fastest of `reps` alternated passes of each over all of them. Give
+        every layer's: a pass then streams the model's weights from memory as a decode step does, where one
+        layer's would stay in the cache and flatter the float32 kernel, whose weights are 4x the bytes. Only up to
+        the float32 kernel's rows: past them the alternative leaves the whole-step C kernel."""
         g = torch.Generator().manual_seed(0)
         for rows in range(1, min(self.skinny_rows, self.int8_rows) + 1):
-            int8_s = float32_s = 0.0
+            int8_calls, float32_calls = [], []
             for weights, biases in linears:
                 pack = self.panels(weights, biases, int8=True)
                 self.panels(weights, biases, int8=False)
                 x = torch.randn(rows, weights[0].shape[1], generator=g)
-                a, b = _race(functools.partial(cpu_kernel.int8_linear, x, pack.int8_panels, pack.scales, pack.bias,
-                                               pack.rows),
-                             functools.partial(cpu_kernel.skinny_linear, x, pack.float_panels, pack.bias, pack.rows),
-                             reps)
-                int8_s, float32_s = int8_s + a, float32_s + b
+                int8_calls.append(functools.partial(cpu_kernel.int8_linear, x, pack.int8_panels, pack.scales,
+                                                    pack.bias, pack.rows))
+                float32_calls.append(functools.partial(cpu_kernel.skinny_linear, x, pack.float_panels, pack.bias,
+                                                       pack.rows))
+            int8_s, float32_s = _race(functools.partial(_in_turn, int8_calls),
+                                      functools.partial(_in_turn, float32_calls), reps)
             if int8_s > float32_s:
                 self.int8_rows = rows - 1
                 break
@@ -202,6 +204,11 @@ class PackedWeights:
         if pack is None or pack.stamp != stamp:
             pack = self._packs[key] = _Pack(stamp, _joined_bias(weights, biases), sum(w.shape[0] for w in weights))
         return pack
+
+
+def _in_turn(calls: Sequence[Callable[[], object]]) -> None:
+    for call in calls:
+        call()
 
 
 def _race(a: Callable[[], object], b: Callable[[], object], reps: int) -> tuple[float, float]:
