@@ -28,7 +28,7 @@ int int8_rows_f32(void) { return INT8_ROWS; }
 
 /* One 16-byte panel row widened per k for every row's FMA, which broadcasts its x from memory itself. With 32
  * registers, up to 24 accumulators (M * U): on a Zen 4 this ran 3 to 8 rows 2.3-2.4x faster than the AVX2
- * panels of 8, whose accumulators past 8 rows of work spilled (docs/experiments.md K6). */
+ * panels of 8, whose time jumped 2.2x from 2 rows to 3 (docs/experiments.md K6). */
 static inline __attribute__((always_inline)) void int8_panel(const int M, const int U, const float *x, int64_t xrs,
                                                                const int8_t *w, int64_t K, float out[][INT8_PANEL])
 {
