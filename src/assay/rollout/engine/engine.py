@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -271,6 +272,8 @@ class Engine(RolloutBackend):
                     for k in range(longest):
                         t0 = time.perf_counter()
                         self.runner.run([(s, k + 1) for s in seqs[:b]], seqs[:b], {id(s): k + 1 for s in seqs[:b]})
+                        if self.model.device.type == "cuda":  # the step's kernels, not their launch
+                            torch.cuda.synchronize(self.model.device)
                         best[k] = min(best[k], time.perf_counter() - t0)
                 seconds.append(tuple(best))
         finally:
