@@ -26,95 +26,77 @@ int int8_rows_f32(void) { return INT8_ROWS; }
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-/* One 16-byte panel row widened per k for every row's FMA, which broadcasts its x from memory itself. With 32
- * registers, up to 24 accumulators (M * U): on a Zen 4 this ran 3 to 8 rows 2.3-2.4x faster than the AVX2
- * panels of 8, whose time jumped 2.2x from 2 rows to 3 (docs/experiments.md K6). */
-static inline __attribute__((always_inline)) void int8_panel(const int M, const int U, const float *x, int64_t xrs,
-                                                               const int8_t *w, int64_t K, float out[][INT8_PANEL])
+/* A panel row of 16 features on a 512-bit register; each row's FMA broadcasts its x from memory itself. With
+ * 32 registers, up to 24 accumulators (M * chains): on a Zen 4 this ran 3 to 8 rows 2.3-2.4x faster than the
+ * AVX2 panels of 8, whose time jumped 2.2x from 2 rows to 3 (docs/experiments.md K6). */
+typedef __m512 vec;
+static inline vec vec_zero(void) { return _mm512_setzero_ps(); }
+static inline vec vec_widen(const int8_t *w) /* a panel row, int8 to float32 */
 {
-    __m512 acc[INT8_ROWS][4];
-    for (int m = 0; m < M; m++)
-        for (int u = 0; u < U; u++) acc[m][u] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + U <= K; k += U) {
-        _mm_prefetch((const char *)(w + (k + 128) * INT8_PANEL), _MM_HINT_NTA);
-        for (int u = 0; u < U; u++) {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(w + (k + u) * INT8_PANEL));
-            const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
-            for (int m = 0; m < M; m++)
-                acc[m][u] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * xrs + k + u]), wv, acc[m][u]);
-        }
-    }
-    for (; k < K; k++) {
-        const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + k * INT8_PANEL))));
-        for (int m = 0; m < M; m++) acc[m][0] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * xrs + k]), wv, acc[m][0]);
-    }
-    for (int m = 0; m < M; m++) {
-        __m512 s = acc[m][0];
-        for (int u = 1; u < U; u++) s = _mm512_add_ps(s, acc[m][u]);
-        _mm512_storeu_ps(out[m], s);
-    }
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)w)));
 }
-
-static void panel_sums(int64_t M, const float *x, int64_t xrs, const int8_t *w, int64_t K, float out[][INT8_PANEL])
-{
-    switch (M) { /* constants per case: every accumulator stays in a register */
-    case 1: int8_panel(1, 4, x, xrs, w, K, out); break;
-    case 2: int8_panel(2, 4, x, xrs, w, K, out); break;
-    case 3: int8_panel(3, 4, x, xrs, w, K, out); break;
-    case 4: int8_panel(4, 4, x, xrs, w, K, out); break;
-    case 5: int8_panel(5, 4, x, xrs, w, K, out); break;
-    case 6: int8_panel(6, 4, x, xrs, w, K, out); break;
-    case 7: int8_panel(7, 3, x, xrs, w, K, out); break;
-    default: int8_panel(8, 3, x, xrs, w, K, out); break;
-    }
-}
+static inline vec vec_fma(const float *x, vec w, vec acc) { return _mm512_fmadd_ps(_mm512_set1_ps(*x), w, acc); }
+static inline vec vec_add(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline void vec_store(float *out, vec v) { _mm512_storeu_ps(out, v); }
+#define INT8_CHAINS(M) ((M) <= 6 ? 4 : 3)
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
+/* A panel row of 8 features on a 256-bit register: M * chains + 2 <= 16 keeps the accumulators in the 16
+ * vector registers. */
+typedef __m256 vec;
+static inline vec vec_zero(void) { return _mm256_setzero_ps(); }
+static inline vec vec_widen(const int8_t *w) /* a panel row, int8 to float32 */
+{
+    __m128i raw;
+    memcpy(&raw, w, 8); /* the low 8 bytes of raw */
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+}
+static inline vec vec_fma(const float *x, vec w, vec acc) { return _mm256_fmadd_ps(_mm256_broadcast_ss(x), w, acc); }
+static inline vec vec_add(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline void vec_store(float *out, vec v) { _mm256_storeu_ps(out, v); }
+#define INT8_CHAINS(M) ((M) <= 3 ? 4 : (M) == 4 ? 3 : (M) <= 7 ? 2 : 1)
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 /* U independent accumulator chains per row (k modulo U): at one row a single chain would wait on the
- * FMA's latency every k; M * U + 2 <= 16 keeps them all in the 16 vector registers. */
+ * FMA's latency every k. */
 static inline __attribute__((always_inline)) void int8_panel(const int M, const int U, const float *x, int64_t xrs,
                                                                const int8_t *w, int64_t K, float out[][INT8_PANEL])
 {
-    __m256 acc[INT8_ROWS][4];
+    vec acc[INT8_ROWS][4];
     for (int m = 0; m < M; m++)
-        for (int u = 0; u < U; u++) acc[m][u] = _mm256_setzero_ps();
+        for (int u = 0; u < U; u++) acc[m][u] = vec_zero();
     int64_t k = 0;
     for (; k + U <= K; k += U) {
-        _mm_prefetch((const char *)(w + (k + 256) * INT8_PANEL), _MM_HINT_NTA);
+        _mm_prefetch((const char *)(w + k * INT8_PANEL + 2048), _MM_HINT_NTA);
         for (int u = 0; u < U; u++) {
-            __m128i raw;
-            memcpy(&raw, w + (k + u) * INT8_PANEL, 8);  /* the low 8 bytes of raw */
-            const __m256 wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
-            for (int m = 0; m < M; m++)
-                acc[m][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + m * xrs + k + u), wv, acc[m][u]);
+            const vec wv = vec_widen(w + (k + u) * INT8_PANEL);
+            for (int m = 0; m < M; m++) acc[m][u] = vec_fma(x + m * xrs + k + u, wv, acc[m][u]);
         }
     }
     for (; k < K; k++) {
-        __m128i raw;
-        memcpy(&raw, w + k * INT8_PANEL, 8);
-        const __m256 wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
-        for (int m = 0; m < M; m++) acc[m][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + m * xrs + k), wv, acc[m][0]);
+        const vec wv = vec_widen(w + k * INT8_PANEL);
+        for (int m = 0; m < M; m++) acc[m][0] = vec_fma(x + m * xrs + k, wv, acc[m][0]);
     }
     for (int m = 0; m < M; m++) {
-        __m256 s = acc[m][0];
-        for (int u = 1; u < U; u++) s = _mm256_add_ps(s, acc[m][u]);
-        _mm256_storeu_ps(out[m], s);
+        vec s = acc[m][0];
+        for (int u = 1; u < U; u++) s = vec_add(s, acc[m][u]);
+        vec_store(out[m], s);
     }
 }
 
 static void panel_sums(int64_t M, const float *x, int64_t xrs, const int8_t *w, int64_t K, float out[][INT8_PANEL])
 {
     switch (M) { /* constants per case: every accumulator stays in a register */
-    case 1: int8_panel(1, 4, x, xrs, w, K, out); break;
-    case 2: int8_panel(2, 4, x, xrs, w, K, out); break;
-    case 3: int8_panel(3, 4, x, xrs, w, K, out); break;
-    case 4: int8_panel(4, 3, x, xrs, w, K, out); break;
-    case 5: int8_panel(5, 2, x, xrs, w, K, out); break;
-    case 6: int8_panel(6, 2, x, xrs, w, K, out); break;
-    case 7: int8_panel(7, 2, x, xrs, w, K, out); break;
-    default: int8_panel(8, 1, x, xrs, w, K, out); break;
+    case 1: int8_panel(1, INT8_CHAINS(1), x, xrs, w, K, out); break;
+    case 2: int8_panel(2, INT8_CHAINS(2), x, xrs, w, K, out); break;
+    case 3: int8_panel(3, INT8_CHAINS(3), x, xrs, w, K, out); break;
+    case 4: int8_panel(4, INT8_CHAINS(4), x, xrs, w, K, out); break;
+    case 5: int8_panel(5, INT8_CHAINS(5), x, xrs, w, K, out); break;
+    case 6: int8_panel(6, INT8_CHAINS(6), x, xrs, w, K, out); break;
+    case 7: int8_panel(7, INT8_CHAINS(7), x, xrs, w, K, out); break;
+    default: int8_panel(8, INT8_CHAINS(8), x, xrs, w, K, out); break;
     }
 }
 #else
