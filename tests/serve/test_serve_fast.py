@@ -14,6 +14,7 @@ from assay.bench.serve import (
     assay_starter,
     free_loopback_port,
     in_process_starters,
+    level_requests,
     run_serve_bench,
     start_process_server,
     table,
@@ -62,7 +63,7 @@ def test_every_level_of_bench_serve_sends_every_prompt(fast_server):
     import asyncio
 
     for clients, per_client, want in ((1, 1, len(PROMPTS)), (3, 1, len(PROMPTS)), (3, 4, 12)):
-        _, results = asyncio.run(_drive(fast_server.url, MODEL, clients, per_client, 2))
+        _, results = asyncio.run(_drive(fast_server.url, MODEL, clients, level_requests(clients, per_client), 2))
         assert len(results) == want and all(tokens >= 1 for _, _, tokens in results)
 
 

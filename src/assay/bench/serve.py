@@ -6,7 +6,7 @@ this process instead.
 Per profile and concurrency: time to first token and inter-token latency (p50, p99) and completion tokens/s
 over the level's wall time. Every server first answers one request that is not recorded (its warm-up: vLLM's
 first round ran at a quarter of its later ones). Each client sends its requests one after another, and every level
-sends each prompt at least once (`_drive`); the profiles are alternated
+sends each prompt at least once (`level_requests`); the profiles are alternated
 within every round (the order flips each round), so load on the machine hits them alike, and the fast /
 standard ratio of tokens/s is reported per round (median and spread). A streamed chunk may carry several
 tokens (speculative decoding accepts drafts): the chunk's gap is spread evenly over its tokens, counted from
@@ -116,26 +116,30 @@ async def _request(client: httpx.AsyncClient, url: str, model: str, prompt: str,
     return first, gaps, tokens
 
 
-async def _drive(url: str, model: str, concurrency: int, per_client: int, max_tokens: int) -> tuple[float, list]:
-    """Every client sends its requests one after another: `per_client` each, or more where that would leave one of
-    the prompts unsent, so every level answers the whole mix (one client sending two requests timed two short
-    answers, mostly their prefill)."""
-    total = max(concurrency * per_client, len(PROMPTS))
+def level_requests(concurrency: int, per_client: int) -> int:
+    """A level's requests: `per_client` from each client, or more where that would leave one of the prompts
+    unsent, so every level answers the whole mix (one client sending two requests timed two short answers,
+    mostly their prefill)."""
+    return max(concurrency * per_client, len(PROMPTS))
+
+
+async def _drive(url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> tuple[float, list]:
+    """`requests` over `concurrency` clients in turn, each client sending its share one after another."""
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
 
         async def one_client(i: int) -> list[tuple[float, list[float], int]]:
             return [await _request(client, url, model, PROMPTS[k % len(PROMPTS)], max_tokens)
-                    for k in range(i, total, concurrency)]
+                    for k in range(i, requests, concurrency)]
 
         t0 = time.perf_counter()
         results = await asyncio.gather(*(one_client(i) for i in range(concurrency)))
         return time.perf_counter() - t0, [r for client_results in results for r in client_results]
 
 
-def measure(url: str, model: str, profile: str, concurrency: int, per_client: int, max_tokens: int,
+def measure(url: str, model: str, profile: str, concurrency: int, requests: int, max_tokens: int,
             round_: int) -> Level:
-    wall, results = asyncio.run(_drive(url, model, concurrency, per_client, max_tokens))
+    wall, results = asyncio.run(_drive(url, model, concurrency, requests, max_tokens))
     return Level(profile, concurrency, round_, wall, sum(t for _, _, t in results), [f for f, _, _ in results],
                  [g for _, gaps, _ in results for g in gaps])
 
@@ -259,7 +263,8 @@ def run_serve_bench(columns: dict[str, Callable[[], Server]], concurrency: list[
         for r in range(rounds):
             for c in concurrency:
                 for name in (names if r % 2 == 0 else names[::-1]):
-                    levels.append(measure(servers[name].url, "bench", name, c, per_client, max_tokens, r))
+                    levels.append(measure(servers[name].url, "bench", name, c, level_requests(c, per_client),
+                                          max_tokens, r))
     finally:
         for s in servers.values():
             s.close()
